@@ -1,0 +1,188 @@
+"""Building blocks shared by HRM and TRM: casted layers, RoPE, attention, SwiGLU, RMSNorm.
+
+Parameter names, shapes and initialisation follow the reference HRM (REFERENCE.md §1) so
+that its checkpoints load unchanged. Weights are stored in fp32 and cast to the
+activation dtype in ``forward`` ("casted" layers): the optimizer always sees fp32
+master weights while the matmuls run in bf16 where the hardware is fast at it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:  # FlashAttention 3 (Hopper) first, then FlashAttention 2; both are optional CUDA extensions.
+    from flash_attn_interface import flash_attn_func  # type: ignore[import-not-found]
+except ImportError:
+    try:
+        from flash_attn import flash_attn_func  # type: ignore[import-not-found]
+    except ImportError:
+        flash_attn_func = None
+
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
+def trunc_normal_init_(tensor: torch.Tensor, std: float = 1.0, lower: float = -2.0, upper: float = 2.0) -> torch.Tensor:
+    """Fill ``tensor`` in place from a normal truncated at ``[lower, upper]`` standard deviations.
+
+    Unlike ``torch.nn.init.trunc_normal_``, the result has standard deviation exactly ``std``:
+    the pre-truncation std is scaled up to make up for the mass cut off, as in JAX's
+    ``truncated_normal`` initialiser (used by the reference HRM). ``std == 0`` gives zeros.
+    """
+    with torch.no_grad():
+        if std == 0:
+            return tensor.zero_()
+        sqrt2 = math.sqrt(2)
+        a, b = math.erf(lower / sqrt2), math.erf(upper / sqrt2)
+        z = (b - a) / 2
+        c = (2 * math.pi) ** -0.5
+        pdf_u, pdf_l = c * math.exp(-0.5 * lower**2), c * math.exp(-0.5 * upper**2)
+        comp_std = std / math.sqrt(1 - (upper * pdf_u - lower * pdf_l) / z - ((pdf_u - pdf_l) / z) ** 2)
+        tensor.uniform_(a, b).erfinv_().mul_(sqrt2 * comp_std).clip_(lower * comp_std, upper * comp_std)
+    return tensor
+
+
+class CastedLinear(nn.Module):
+    """``y = x W^T (+ b)`` with fp32 weights cast to ``x.dtype``; LeCun truncated-normal init, zero bias.
+
+    Shapes: x ``[..., in_features]`` -> ``[..., out_features]``.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.weight = nn.Parameter(trunc_normal_init_(torch.empty(out_features, in_features), std=1.0 / math.sqrt(in_features)))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class CastedEmbedding(nn.Module):
+    """Embedding lookup with an fp32 table (``embedding_weight`` [num, dim]) cast to ``cast_to``.
+
+    Shapes: ids ``[...]`` int -> ``[..., dim]`` of ``cast_to``.
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, init_std: float, cast_to: torch.dtype):
+        super().__init__()
+        self.cast_to = cast_to
+        self.embedding_weight = nn.Parameter(trunc_normal_init_(torch.empty(num_embeddings, embedding_dim), std=init_std))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embedding_weight.to(self.cast_to))
+
+
+class RotaryEmbedding(nn.Module):
+    """GPT-NeoX rotate-half RoPE tables (Su et al., arXiv 2104.09864), fp32, not saved in the state dict.
+
+    ``forward()`` returns ``(cos, sin)``, each ``[max_position_embeddings, dim]`` fp32.
+    """
+
+    def __init__(self, dim: int, max_position_embeddings: int, base: float):
+        super().__init__()
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        freqs = torch.outer(torch.arange(max_position_embeddings, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos_cached", emb.cos(), persistent=False)
+        self.register_buffer("sin_cached", emb.sin(), persistent=False)
+
+    def forward(self) -> CosSin:
+        return self.cos_cached, self.sin_cached
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q``, ``k`` ``[B, S, H, D]`` by position; the rotation runs in fp32 and returns the input dtype."""
+    dtype = q.dtype
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    q32, k32 = q.to(cos.dtype), k.to(cos.dtype)
+    q_out = q32 * cos + _rotate_half(q32) * sin
+    k_out = k32 * cos + _rotate_half(k32) * sin
+    return q_out.to(dtype), k_out.to(dtype)
+
+
+def flash_attention_usable(device: torch.device, dtype: torch.dtype) -> bool:
+    """True when ``flash_attn`` is installed and suits ``device``/``dtype`` (CUDA, fp16 or bf16)."""
+    return flash_attn_func is not None and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+def attention_backend(device: torch.device, dtype: torch.dtype) -> tuple[str, str]:
+    """The attention kernel :class:`Attention` will use on ``device``/``dtype``, and why."""
+    if flash_attention_usable(device, dtype):
+        return "flash_attn", "flash_attn is installed and the device is CUDA with fp16/bf16"
+    if flash_attn_func is None:
+        why = "flash_attn not installed"
+    elif device.type != "cuda":
+        why = f"flash_attn needs CUDA, device is {device.type}"
+    else:
+        why = f"flash_attn needs fp16/bf16, dtype is {dtype}"
+    return "sdpa", f"torch scaled_dot_product_attention ({why})"
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention without biases or mask (non-causal by default).
+
+    ``qkv_proj`` [(H + 2*H_kv)*D, hidden] and ``o_proj`` [hidden, H*D], as in the reference.
+    Shapes: x ``[B, S, hidden]`` -> ``[B, S, hidden]``.
+    """
+
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False):
+        super().__init__()
+        self.head_dim, self.num_heads, self.num_key_value_heads = head_dim, num_heads, num_key_value_heads
+        self.causal = causal
+        self.qkv_proj = CastedLinear(hidden_size, (num_heads + 2 * num_key_value_heads) * head_dim, bias=False)
+        self.o_proj = CastedLinear(head_dim * num_heads, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos_sin: CosSin | None = None) -> torch.Tensor:
+        batch, seq_len, _ = x.shape
+        qkv = self.qkv_proj(x).view(batch, seq_len, self.num_heads + 2 * self.num_key_value_heads, self.head_dim)
+        q, k, v = qkv.split([self.num_heads, self.num_key_value_heads, self.num_key_value_heads], dim=2)
+        if cos_sin is not None:
+            cos, sin = cos_sin
+            q, k = apply_rotary_pos_emb(q, k, cos[:seq_len], sin[:seq_len])
+        if flash_attention_usable(x.device, x.dtype):
+            out = flash_attn_func(q, k, v, causal=self.causal)
+            out = out[0] if isinstance(out, tuple) else out  # FA3 also returns the log-sum-exp
+        else:
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                is_causal=self.causal, enable_gqa=self.num_key_value_heads != self.num_heads,
+            ).transpose(1, 2)
+        return self.o_proj(out.reshape(batch, seq_len, self.num_heads * self.head_dim))
+
+
+def swiglu_intermediate_size(hidden_size: int, expansion: float) -> int:
+    """``round(expansion * hidden * 2/3)`` rounded up to a multiple of 256 (1536 for hidden 512, expansion 4)."""
+    inter = round(expansion * hidden_size * 2 / 3)
+    return -(inter // -256) * 256
+
+
+class SwiGLU(nn.Module):
+    """SwiGLU MLP (Shazeer, arXiv 2002.05202): ``down(silu(gate) * up)``; ``gate_up_proj`` holds gate first.
+
+    Shapes: x ``[..., hidden]`` -> ``[..., hidden]``.
+    """
+
+    def __init__(self, hidden_size: int, expansion: float):
+        super().__init__()
+        inter = swiglu_intermediate_size(hidden_size, expansion)
+        self.gate_up_proj = CastedLinear(hidden_size, 2 * inter, bias=False)
+        self.down_proj = CastedLinear(inter, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """Weightless RMSNorm over the last axis, computed in fp32 and returned in ``x.dtype``."""
+    x32 = x.to(torch.float32)
+    return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
