@@ -26,6 +26,11 @@ def log_stablemax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.log(s_x / s_x.sum(dim=dim, keepdim=True))
 
 
+def stablemax_dtype(device: torch.device) -> torch.dtype:
+    """float64 as in the reference, except on MPS, which has no float64 (see below)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_LABEL_ID) -> torch.Tensor:
     """Per-position stablemax cross-entropy.
 
@@ -39,8 +44,7 @@ def stablemax_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_i
         in ``s(x)`` (relative error ~1e-7 instead of ~1e-16), which is far below the noise
         of a training step and does not change the argmax metrics.
     """
-    dtype = torch.float32 if logits.device.type == "mps" else torch.float64
-    logprobs = log_stablemax(logits.to(dtype), dim=-1)
+    logprobs = log_stablemax(logits.to(stablemax_dtype(logits.device)), dim=-1)
     valid = labels != ignore_index
     safe_labels = torch.where(valid, labels, 0).to(torch.int64)
     picked = torch.gather(logprobs, index=safe_labels.unsqueeze(-1), dim=-1).squeeze(-1)
