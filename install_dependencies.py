@@ -1,0 +1,915 @@
+#!/usr/bin/env python3
+"""Platform-aware installer for HRM/CAPE: CUDA, Apple Silicon (MPS) or CPU.
+
+    python install_dependencies.py             # install what is missing, verify, write install_report.json
+    python install_dependencies.py --dry-run   # print the plan (every pip command) and change nothing
+    python install_dependencies.py --dry-run --platform cuda   # preview another platform's plan
+
+What it does, in order:
+  1. Detect the platform (nvidia-smi, nvcc, Apple Silicon incl. Rosetta) and probe torch in a subprocess.
+  2. Keep a working torch. If there is none, install the pinned one, choosing the build for this platform.
+  3. Install the rest of the requirements that are not already satisfied, under a constraints file that
+     pins the installed torch, so nothing can swap it out.
+  4. On NVIDIA + Linux + a CUDA torch: try each optional CUDA extension (requirements-cuda.txt) on its own,
+     after a preflight (compute capability, nvcc), verify it in a subprocess, and remove it if it fails.
+  5. Run `pip check`, confirm torch did not change, and report which optimizer/attention backends training
+     will use.
+
+Standard library only: it has to run before torch exists. Exit code 0 when the base environment is
+healthy (even if optional extras were skipped or failed), 1 when it is not, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent
+PLATFORMS = ("apple-silicon", "cuda", "cpu")
+BASE_FILES = {"apple-silicon": "requirements-apple-silicon.txt", "cuda": "requirements.txt", "cpu": "requirements.txt"}
+CUDA_EXTRAS_FILE = "requirements-cuda.txt"
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+CONSTRAINTS = "<constraints.txt>"  # replaced by the real temp file when a step runs
+# --no-build-isolation builds with what is installed, so these must be there. ninja turns the hours of a
+# serial flash-attn compile into minutes; flash-attn's setup.py imports packaging.
+BUILD_TOOLS = ("setuptools", "wheel", "ninja", "packaging")
+GB_PER_BUILD_JOB = 4  # one nvcc job can take several GB of RAM; more jobs than this risks the OOM killer
+
+
+class InstallError(Exception):
+    """A problem the user must fix by hand (bad requirement file, broken torch, unusable --python)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Requirements and versions (a small PEP 440 subset: enough to skip pip when a pin is surely met)
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Requirement:
+    """One requirement line. ``specs`` is None when we cannot judge it ourselves (extras, markers, URLs):
+    such a line is always handed to pip, which is the authority."""
+
+    name: str                                   # normalized (PEP 503)
+    text: str                                   # as written, e.g. "numpy>=1.24,<3"
+    specs: tuple[tuple[str, str], ...] | None   # e.g. ((">=", "1.24"), ("<", "3"))
+    where: str                                  # "requirements.txt:5"
+
+
+_NAME_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$")
+_SPEC_RE = re.compile(r"^(===|==|!=|~=|>=|<=|>|<)\s*([A-Za-z0-9.*+!_-]+)$")
+_VERSION_RE = re.compile(
+    r"^v?(?P<release>\d+(?:\.\d+)*)"
+    r"(?:[-_.]?(?P<pre>a|b|rc|alpha|beta|c)[-_.]?(?P<pre_n>\d*))?"
+    r"(?:[-_.]?(?:post|rev|r)[-_.]?(?P<post>\d*))?"
+    r"(?:[-_.]?dev[-_.]?(?P<dev>\d*))?"
+    r"(?:\+(?P<local>[a-z0-9.]+))?$", re.IGNORECASE)
+_PRE_STAGE = {"a": 1, "alpha": 1, "b": 2, "beta": 2, "c": 3, "rc": 3}
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 name: lower case, runs of ``-_.`` become ``-`` (``Adam_ATan2`` -> ``adam-atan2``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def parse_requirements(path: Path) -> list[Requirement]:
+    """Read a pip requirements file, following ``-r other.txt`` includes.
+
+    Raises:
+        InstallError: the file is missing or uses an option this installer does not handle.
+    """
+    if not path.is_file():
+        raise InstallError(f"requirements file {path} not found: run the installer from a full checkout of the repo")
+    reqs: list[Requirement] = []
+    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = re.sub(r"(^|\s)#.*$", "", raw).strip()
+        if not line:
+            continue
+        where = f"{path.name}:{n}"
+        if line.startswith(("-r ", "--requirement ", "--requirement=")):
+            reqs += parse_requirements(path.parent / re.split(r"[\s=]+", line, maxsplit=1)[1].strip())
+            continue
+        if line.startswith("-"):
+            raise InstallError(f"{where}: option {line!r} is not supported here; only package lines and -r includes are")
+        m = _NAME_RE.match(line)
+        if not m:
+            raise InstallError(f"{where}: cannot read requirement {line!r}")
+        name, rest = m.group(1), m.group(2).strip()
+        specs: tuple[tuple[str, str], ...] | None = ()
+        if rest:
+            parts = [_SPEC_RE.match(p.strip()) for p in rest.split(",")]
+            specs = tuple((p.group(1), p.group(2)) for p in parts) if all(parts) else None
+        reqs.append(Requirement(normalize_name(name), line, specs, where))
+    return reqs
+
+
+def version_key(version: str) -> tuple | None:
+    """A sort key for a PEP 440 version without its local label (``2.13.0+cpu`` sorts as ``2.13``);
+    None when the version uses syntax outside the subset handled here."""
+    m = _VERSION_RE.match(version.strip())
+    if not m:
+        return None
+    release = [int(x) for x in m.group("release").split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    pre, post, dev = m.group("pre"), m.group("post"), m.group("dev")
+    if pre:
+        stage, pre_n = _PRE_STAGE[pre.lower()], int(m.group("pre_n") or 0)
+    else:  # a bare X.devN comes before every pre-release of X
+        stage, pre_n = (0 if dev is not None and post is None else 4), 0
+    return (tuple(release), stage, pre_n, int(post or 0) if post is not None else -1,
+            int(dev or 0) if dev is not None else float("inf"))
+
+
+def _release(version: str) -> list[int]:
+    return [int(x) for x in re.match(r"^v?(\d+(?:\.\d+)*)", version).group(1).split(".")]
+
+
+def satisfies(version: str | None, specs: tuple[tuple[str, str], ...] | None) -> bool | None:
+    """Whether an installed ``version`` meets ``specs``; None when this subset cannot tell (pip decides).
+
+    ``==X`` ignores the installed local label, as PEP 440 says (``2.13.0+cpu`` satisfies ``==2.13.0``);
+    ``==X+label`` compares the label too.
+    """
+    if version is None:
+        return False
+    if specs is None or version_key(version) is None:
+        return None
+    have = version_key(version)
+    for op, want in specs:
+        if op == "===":
+            ok = version == want
+        elif op in ("==", "!=") and want.endswith(".*"):
+            prefix = _release(want[:-2])
+            got = _release(version) + [0] * len(prefix)
+            ok = (got[:len(prefix)] == prefix) == (op == "==")
+        else:
+            want_key = version_key(want)
+            if want_key is None:
+                return None
+            if op in ("==", "!="):
+                same = have == want_key and ("+" not in want or version.lower() == want.lower())
+                ok = same == (op == "==")
+            elif op == "~=":
+                prefix = _release(want)[:-1]
+                ok = have >= want_key and (_release(version) + [0] * len(prefix))[:len(prefix)] == prefix
+            else:
+                ok = {">=": have >= want_key, "<=": have <= want_key, ">": have > want_key, "<": have < want_key}[op]
+        if not ok:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class RequirementSet:
+    """What to install for one platform: the torch pin, the base lines, the optional extras."""
+
+    torch: Requirement
+    base: list[Requirement]
+    base_file: str
+    cuda_extras: list[Requirement]
+    optional: list[Requirement]
+
+
+def load_requirements(kind: str, repo: Path = REPO, optional_file: Path | None = None) -> RequirementSet:
+    """Read the requirement files for platform ``kind``; the torch line is split off the base set.
+
+    Raises:
+        InstallError: a file is missing/unreadable, or torch is not pinned exactly (``torch==X.Y.Z``).
+    """
+    base_file = BASE_FILES[kind]
+    lines = parse_requirements(repo / base_file)
+    torch_lines = [r for r in lines if r.name == "torch"]
+    if len(torch_lines) != 1 or not torch_lines[0].specs or torch_lines[0].specs[0][0] != "==" \
+            or len(torch_lines[0].specs) != 1 or "*" in torch_lines[0].specs[0][1]:
+        raise InstallError(f"{base_file} must pin torch exactly once as torch==X.Y.Z (an open range lets pip "
+                           "pull a multi-GB CUDA build on machines without an NVIDIA GPU)")
+    return RequirementSet(
+        torch=torch_lines[0],
+        base=[r for r in lines if r.name != "torch"],
+        base_file=base_file,
+        cuda_extras=parse_requirements(repo / CUDA_EXTRAS_FILE),
+        optional=parse_requirements(optional_file) if optional_file else [],
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Detection: read-only probes, each in a subprocess so this file never imports torch
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class PlatformInfo:
+    """Everything the plan depends on. Built by :func:`detect_platform`; tests construct it directly."""
+
+    python: str
+    python_version: str
+    system: str                          # platform.system(): Linux, Darwin, Windows
+    machine: str                         # x86_64, arm64, aarch64
+    kind: str                            # one of PLATFORMS
+    kind_reason: str
+    rosetta: bool = False                # x86_64 Python translated on an arm64 Mac
+    gpu_name: str | None = None
+    nvidia_smi_error: str | None = None      # nvidia-smi exists but failed (e.g. driver/library mismatch)
+    gpu_count: int = 0
+    driver_version: str | None = None
+    compute_capability: str | None = None    # "8.9"
+    nvcc_path: str | None = None
+    nvcc_version: str | None = None          # "12.8"
+    cuda_home: str | None = None
+    torch_version: str | None = None         # "2.13.0+cpu"; None when torch does not import
+    torch_cuda: str | None = None            # torch.version.cuda: "12.8", None for CPU/MPS builds
+    torch_cuda_available: bool = False
+    torch_mps_available: bool = False
+    torch_error: str | None = None           # why `import torch` failed, when it is installed but broken
+    cpu_torch_in_sources: bool | None = None  # whether pip's configured sources offer torch==X+cpu
+    ram_gb: float = 0.0
+    cpu_count: int = 1
+
+
+def _capture(argv: list[str], timeout: float = 120, env: dict | None = None) -> tuple[int, str, str] | None:
+    """Run a read-only probe and capture its output; None when the program does not exist."""
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    except (FileNotFoundError, PermissionError):
+        return None
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout:.0f} s"
+    return p.returncode, p.stdout, p.stderr
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+_TORCH_PROBE = """
+import json, torch
+out = {"torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
+       "torch_cuda_available": torch.cuda.is_available(), "torch_mps_available": torch.backends.mps.is_available()}
+if out["torch_cuda_available"]:
+    out["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability(0)
+print(json.dumps(out))
+"""
+
+_VERSIONS_PROBE = """
+import json, importlib.metadata as md
+out = {}
+for d in md.distributions():  # sys.path order: the first copy of a name is the one Python imports
+    name = d.metadata["Name"]
+    if name:
+        out.setdefault(name, d.version)
+print(json.dumps(out))
+"""
+
+
+def probe_torch(python: str) -> dict:
+    """Import torch in ``python`` (a subprocess) and return the torch fields of :class:`PlatformInfo`
+    (plus ``compute_capability`` when torch sees a GPU)."""
+    out = _capture([python, "-c", _TORCH_PROBE], timeout=300)
+    if out is None:
+        raise InstallError(f"cannot run {python}: pass an existing interpreter with --python")
+    rc, stdout, stderr = out
+    if rc == 0:
+        return json.loads(stdout.strip().splitlines()[-1]) | {"torch_error": None}
+    err = _last_line(stderr)
+    missing = "No module named 'torch'" in err and "ModuleNotFoundError" in err
+    return {"torch_version": None, "torch_cuda": None, "torch_cuda_available": False,
+            "torch_mps_available": False, "torch_error": None if missing else err}
+
+
+def installed_versions(python: str) -> dict[str, str]:
+    """Normalized name -> version of every distribution ``python`` can import (read via importlib.metadata)."""
+    out = _capture([python, "-c", _VERSIONS_PROBE])
+    if out is None or out[0] != 0:
+        raise InstallError(f"cannot list the packages of {python}: "
+                           f"{_last_line(out[2]) if out else 'interpreter not found'}; check --python")
+    return {normalize_name(k): v for k, v in json.loads(out[1]).items()}
+
+
+def _ram_gb() -> float:
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            return int(re.search(r"MemTotal:\s+(\d+) kB", f.read()).group(1)) / 2**20
+    except (OSError, AttributeError):
+        pass
+    out = _capture(["sysctl", "-n", "hw.memsize"]) if platform.system() == "Darwin" else None
+    if out and out[0] == 0 and out[1].strip().isdigit():
+        return int(out[1]) / 2**30
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError, AttributeError):
+        return 0.0
+
+
+def _cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # honours container CPU limits
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _detect_nvidia() -> tuple[dict, str]:
+    """GPU facts from nvidia-smi, and a sentence saying what was (not) found."""
+    out = _capture(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"], timeout=60)
+    if out is None:
+        return {}, "nvidia-smi not found"
+    rc, stdout, stderr = out
+    rows = [ln.rsplit(",", 2) for ln in stdout.splitlines() if ln.count(",") >= 2]
+    if rc != 0 or not rows:
+        error = _last_line(stderr or stdout)
+        return {"nvidia_smi_error": error}, f"nvidia-smi found no usable GPU ({error})"
+    name, driver, cap = (c.strip() for c in rows[0])
+    cap = cap if re.fullmatch(r"\d+\.\d+", cap) else None  # old drivers print [N/A]
+    return {"gpu_name": name, "gpu_count": len(rows), "driver_version": driver, "compute_capability": cap}, \
+        f"NVIDIA {name} (driver {driver})"
+
+
+def _detect_nvcc() -> dict:
+    """nvcc's path and version, and the CUDA toolkit root a build would use (CUDA_HOME)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = shutil.which("nvcc") or (str(Path(home, "bin", "nvcc")) if home and Path(home, "bin", "nvcc").exists() else None)
+    if nvcc is None:
+        return {"cuda_home": home}
+    if home is None:  # nvcc may be a wrapper in /usr/local/bin: only accept a root that holds the headers
+        candidates = [Path(nvcc).resolve().parent.parent, Path("/usr/local/cuda")]
+        home = next((str(c) for c in candidates if (c / "include" / "cuda.h").exists()), None)
+    out = _capture([nvcc, "--version"], timeout=60)
+    m = re.search(r"release (\d+\.\d+)", out[1]) if out and out[0] == 0 else None
+    return {"nvcc_path": nvcc, "nvcc_version": m.group(1) if m else None, "cuda_home": home}
+
+
+def _is_rosetta() -> bool:
+    out = _capture(["sysctl", "-n", "sysctl.proc_translated"], timeout=10)
+    return bool(out) and out[0] == 0 and out[1].strip() == "1"
+
+
+def detect_platform(python: str) -> PlatformInfo:
+    """Probe this machine and the torch inside ``python``.
+
+    Raises:
+        InstallError: ``python`` cannot be run.
+    """
+    out = _capture([python, "-c", "import platform; print(platform.python_version())"])
+    if out is None or out[0] != 0:
+        raise InstallError(f"cannot run {python}: pass an existing interpreter with --python")
+    system, machine = platform.system(), platform.machine()
+    # Same check as utils.device.is_apple_silicon, repeated because that module imports torch.
+    rosetta = system == "Darwin" and machine == "x86_64" and _is_rosetta()
+    nvidia, nvidia_reason = _detect_nvidia() if system != "Darwin" else ({}, "macOS")
+    if system == "Darwin" and (machine == "arm64" or rosetta):
+        kind, reason = "apple-silicon", "arm64 Mac" + (" (this Python runs under Rosetta)" if rosetta else "")
+    elif nvidia.get("gpu_name"):
+        kind, reason = "cuda", nvidia_reason
+    else:
+        kind, reason = "cpu", f"no NVIDIA GPU: {nvidia_reason}"
+    torch_fields = probe_torch(python)
+    if nvidia.get("compute_capability"):  # nvidia-smi wins; torch's answer covers drivers too old to print it
+        torch_fields.pop("compute_capability", None)
+    return PlatformInfo(python=python, python_version=out[1].strip(), system=system, machine=machine, kind=kind,
+                        kind_reason=reason, rosetta=rosetta, **{**nvidia, **torch_fields}, **_detect_nvcc(),
+                        ram_gb=round(_ram_gb(), 1), cpu_count=_cpu_count())
+
+
+def probe_cpu_torch_in_sources(python: str, version: str) -> bool:
+    """Whether pip's configured sources (index, extra indexes, find-links) offer ``torch==version``.
+
+    ``pip index versions`` lists what pip can see without downloading anything.
+    """
+    # Short timeouts: this is only a probe, and a miss merely adds the PyTorch CPU index.
+    out = _capture([python, "-m", "pip", "index", "versions", "torch", "--retries", "1", "--timeout", "15"],
+                   timeout=120)
+    if not out or out[0] != 0:
+        return False
+    m = re.search(r"Available versions:\s*(.*)", out[1])
+    return bool(m) and version in [v.strip() for v in m.group(1).split(",")]
+
+
+def simulate_platform(info: PlatformInfo, kind: str) -> PlatformInfo:
+    """``info`` as if this machine were ``kind`` (for ``--platform``); GPU/nvcc/torch facts stay as detected."""
+    if kind == info.kind:
+        return info
+    system, machine = (("Darwin", "arm64") if kind == "apple-silicon"
+                       else ("Linux", "x86_64") if info.system == "Darwin" else (info.system, info.machine))
+    return replace(info, kind=kind, system=system, machine=machine, rosetta=False,
+                   kind_reason=f"forced by --platform {kind} (detected: {info.kind})")
+
+
+# --------------------------------------------------------------------------------------------------
+# Planning: a pure function of (platform, requirements, installed versions) -> steps
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExtraRule:
+    """How to preflight and verify one optional CUDA extension."""
+
+    min_cc: tuple[int, int]
+    max_cc: tuple[int, int]
+    verify: str          # Python run in the target interpreter; must exit 0
+
+
+_ADAM_ATAN2_CHECK = """
+import math, torch
+import adam_atan2_backend  # the compiled kernel; a build without it installs silently but cannot run
+from adam_atan2 import AdamATan2
+p = torch.nn.Parameter(torch.ones(4, device="cuda"))
+p.grad = torch.full_like(p, 0.5)
+AdamATan2([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.0).step()
+# one step by hand (REFERENCE.md section 3): m = 0.05, v = 0.0025, bias corrections 0.1 and 0.01
+want = 1 - 0.1 / 0.1 * math.atan2(0.05, math.sqrt(0.0025) / math.sqrt(0.01))
+assert abs(p[0].item() - want) < 1e-5, (p[0].item(), want)
+"""
+
+_FLASH_ATTN_CHECK = """
+import torch, torch.nn.functional as F
+from flash_attn import flash_attn_func
+q, k, v = (torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16) for _ in range(3))  # [B, S, H, D]
+out = flash_attn_func(q, k, v)
+ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+assert out.shape == q.shape and (out - ref).abs().max().item() < 1e-2
+"""
+
+EXTRA_RULES = {
+    # adam-atan2 0.0.3 compiles kernels for sm_80..sm_90 only (REFERENCE.md section 3).
+    "adam-atan2": ExtraRule((8, 0), (9, 0), _ADAM_ATAN2_CHECK),
+    # FlashAttention-2 supports Ampere, Ada and Hopper.
+    "flash-attn": ExtraRule((8, 0), (9, 0), _FLASH_ATTN_CHECK),
+}
+
+
+def import_check(name: str) -> str:
+    """Verification for an extra without a rule: its module (name with ``-`` -> ``_``) must import."""
+    return f"import {name.replace('-', '_')}"
+
+
+@dataclass
+class Step:
+    """One pip install. ``CONSTRAINTS`` in ``argv`` becomes the real constraints file at run time."""
+
+    kind: str                         # "torch" | "base" | "build-tools" | "extra"
+    name: str                         # "torch", the base file, or the extra's name
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    verify: str | None = None         # extras: code that must exit 0 after installing
+    installed: str | None = None      # extras: version already installed that meets the spec (verify only)
+
+
+@dataclass
+class Plan:
+    """The ordered steps plus everything the user should read before they run."""
+
+    steps: list[Step]
+    torch_command: list[str]              # what a fresh torch install runs (shown even when torch is kept)
+    satisfied: list[str]                  # base requirements already met: "numpy 2.1.0"
+    skipped: dict[str, str]               # extra name -> why it is not attempted
+    warnings: list[str]
+    errors: list[str]
+
+
+def max_jobs(ram_gb: float, cpu_count: int) -> int:
+    """Parallel compile jobs for CUDA extensions: one per ``GB_PER_BUILD_JOB`` GB of RAM, capped by cores."""
+    return max(1, min(cpu_count, int(ram_gb // GB_PER_BUILD_JOB)))
+
+
+def _cc(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")
+    return int(major), int(minor)
+
+
+def cuda_extra_preflight(info: PlatformInfo, req: Requirement) -> str | None:
+    """Why ``req`` (a CUDA extension) cannot be built here, or None when it can."""
+    rule = EXTRA_RULES.get(req.name)
+    if info.system != "Linux":
+        return f"{info.system} is not Linux: the CUDA extensions build on Linux only"
+    if not info.torch_cuda:
+        return f"torch {info.torch_version} is not a CUDA build"
+    if rule:
+        if info.compute_capability is None:
+            return "GPU compute capability unknown (nvidia-smi did not report compute_cap)"
+        if not rule.min_cc <= _cc(info.compute_capability) <= rule.max_cc:
+            return (f"compute capability {info.compute_capability} is outside the "
+                    f"{'.'.join(map(str, rule.min_cc))}-{'.'.join(map(str, rule.max_cc))} range {req.name} supports")
+    if not info.nvcc_path:
+        return (f"nvcc not found: install the CUDA {info.torch_cuda} toolkit and put its bin/ on PATH "
+                "(or set CUDA_HOME)")
+    if not info.nvcc_version:
+        return f"could not read the version of {info.nvcc_path}"
+    if info.nvcc_version.split(".")[0] != info.torch_cuda.split(".")[0]:
+        return (f"nvcc {info.nvcc_version} does not match torch's CUDA {info.torch_cuda} (major versions must "
+                f"agree): install the CUDA {info.torch_cuda.split('.')[0]}.x toolkit or set CUDA_HOME to it")
+    if not info.cuda_home:
+        return f"CUDA_HOME is not set and no toolkit headers were found next to {info.nvcc_path}: export CUDA_HOME"
+    return None
+
+
+def build_env(info: PlatformInfo) -> dict[str, str]:
+    """Environment for compiling CUDA extensions; values the user already set are kept."""
+    env = {"MAX_JOBS": str(max_jobs(info.ram_gb, info.cpu_count))}
+    if info.compute_capability:
+        env["TORCH_CUDA_ARCH_LIST"] = info.compute_capability  # build for this GPU only: minutes, not hours
+    if info.cuda_home:
+        env["CUDA_HOME"] = info.cuda_home
+    return {k: v for k, v in env.items() if k not in os.environ}
+
+
+def torch_install_command(info: PlatformInfo, pin: Requirement) -> list[str]:
+    """The pip command that installs the pinned torch build for this platform.
+
+    Linux without an NVIDIA GPU must never get a CUDA wheel: PyPI's Linux x86_64 torch is the CUDA
+    build (several GB of nvidia-* packages). On x86_64 we ask for the ``+cpu`` local version: no CUDA
+    wheel carries that label, so whatever index pip reads, only the CPU build can match. It comes from
+    pip's own sources when they have it (as on a machine with a local wheel) and otherwise from the
+    PyTorch CPU index, added as an *extra* index so torch's dependencies still come from PyPI. Linux
+    aarch64 CPU wheels carry no label, so there only ``--index-url`` (the CPU index alone) is safe.
+    macOS arm64 (MPS) and a CUDA Linux machine use PyPI's default build.
+    """
+    version = pin.specs[0][1]
+    pip = [info.python, "-m", "pip", "install"]
+    if info.system == "Linux" and info.kind != "cuda":
+        if info.machine.lower() in ("x86_64", "amd64"):
+            source = [] if info.cpu_torch_in_sources else ["--extra-index-url", PYTORCH_CPU_INDEX]
+            return pip + [f"torch=={version}+cpu"] + source
+        return pip + [f"torch=={version}", "--index-url", PYTORCH_CPU_INDEX]
+    return pip + [f"torch=={version}"]
+
+
+def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str],
+              cuda_extras: bool = True) -> Plan:
+    """Turn the platform and what is installed into the list of pip steps. Pure: runs nothing."""
+    pip = [info.python, "-m", "pip", "install"]
+    plan = Plan(steps=[], torch_command=torch_install_command(info, reqs.torch), satisfied=[], skipped={},
+                warnings=[], errors=[])
+    if info.rosetta:
+        plan.warnings.append("this Python is x86_64 running under Rosetta, which hides the Apple GPU (MPS) and has "
+                             "no torch wheels: install an arm64 Python (python.org universal2 or `arch -arm64 "
+                             "brew install python`) and re-run with it")
+
+    if info.nvidia_smi_error and info.kind == "cpu":
+        plan.warnings.append(f"nvidia-smi is installed but failed ({info.nvidia_smi_error}), so this plan is for "
+                             "the CPU; repair the NVIDIA driver (often a reboot after a driver update) and re-run")
+
+    # torch: keep a working one; install only when there is none.
+    if info.torch_error:
+        plan.errors.append(f"torch is installed but `import torch` fails ({info.torch_error}); repair it with: "
+                           f"{shlex.join(plan.torch_command + ['--force-reinstall'])}")
+    elif info.torch_version is None:
+        if info.rosetta:
+            plan.errors.append("torch is not installed and cannot be under Rosetta: use an arm64 Python")
+        else:
+            plan.steps.append(Step("torch", "torch", plan.torch_command))
+    else:
+        if satisfies(info.torch_version, reqs.torch.specs) is False:
+            plan.warnings.append(f"keeping the working torch {info.torch_version}, which differs from the pinned "
+                                 f"{reqs.torch.text} the project is tested with")
+        if info.kind == "cuda" and not info.torch_cuda:
+            plan.warnings.append(f"torch {info.torch_version} is a CPU build on an NVIDIA machine, so training "
+                                 "will run on the CPU: reinstall torch with the --index-url for your CUDA version "
+                                 "from https://pytorch.org/get-started/locally/")
+        elif info.kind == "cuda" and not info.torch_cuda_available:
+            plan.warnings.append(f"torch {info.torch_version} (CUDA {info.torch_cuda}) cannot reach the GPU: driver "
+                                 f"{info.driver_version} may be older than CUDA {info.torch_cuda} needs")
+
+    # Base requirements that are not met, in one pip call under the torch constraint.
+    missing = []
+    for r in reqs.base:
+        if satisfies(installed.get(r.name), r.specs):
+            plan.satisfied.append(f"{r.name} {installed[r.name]}")
+        else:
+            missing.append(r.text)
+    if missing:
+        plan.steps.append(Step("base", reqs.base_file, pip + ["-c", CONSTRAINTS] + missing))
+
+    # Optional extras: each on its own pip call, so one failure cannot take the others down.
+    # --no-build-isolation: they import torch to build; an isolated build env has no (or another) torch.
+    extras = []
+    for r in reqs.cuda_extras:
+        if not cuda_extras:
+            plan.skipped[r.name] = "disabled by --no-cuda-extras"
+        elif info.kind != "cuda":
+            plan.skipped[r.name] = f"needs an NVIDIA GPU; platform is {info.kind}"
+        elif info.torch_version is None:
+            plan.skipped[r.name] = "decided after torch is installed; the preflight needs torch.version.cuda"
+        elif why := cuda_extra_preflight(info, r):
+            plan.skipped[r.name] = why
+        else:
+            rule = EXTRA_RULES.get(r.name)
+            extras.append((r, build_env(info), rule.verify if rule else import_check(r.name)))
+    tools = [t for t in BUILD_TOOLS if t not in installed]
+    if tools and any(not satisfies(installed.get(r.name), r.specs) for r, _, _ in extras):
+        plan.steps.append(Step("build-tools", "build tools", pip + ["-c", CONSTRAINTS] + tools))
+    extras += [(r, {}, import_check(r.name)) for r in reqs.optional]
+    for r, env, verify in extras:
+        have = installed.get(r.name)
+        plan.steps.append(Step("extra", r.name, pip + ["--no-build-isolation", "-c", CONSTRAINTS, r.text], env,
+                               verify, have if satisfies(have, r.specs) else None))
+    return plan
+
+
+# --------------------------------------------------------------------------------------------------
+# Execution
+# --------------------------------------------------------------------------------------------------
+
+def run_pip(argv: list[str], env: dict[str, str] | None, log: list[str]) -> tuple[int, str]:
+    """Run a pip command that changes the environment, echoing its output and appending it to ``log``;
+    returns (exit code, last lines of output)."""
+    log.append(_show(argv, env))
+    print(f"  $ {log[-1]}", flush=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
+    tail: list[str] = []
+    for line in proc.stdout:
+        print(f"    | {line.rstrip()}", flush=True)
+        tail = (tail + [line.rstrip()])[-60:]  # a failed build's traceback sits above pip's summary
+    return proc.wait(), "\n".join(tail)
+
+
+def _show(argv: list[str], env: dict[str, str] | None = None) -> str:
+    prefix = " ".join(f"{k}={v}" for k, v in (env or {}).items())
+    return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
+def _pip_error(tail: str) -> str:
+    """The telling part of a failed pip run: pip's ``error: <kind>`` line plus the build's own exception."""
+    lines = [ln.strip(" |│╰─>×") for ln in tail.splitlines()]
+    pip_err = [ln for ln in lines if ln.lower().startswith("error:")]
+    exc = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b[^:]*: ", ln)]
+    picked = [x[-1] for x in (pip_err, exc) if x] or [ln for ln in lines if ln][-1:] or ["no output"]
+    if "The conflict is caused by:" in lines:  # a resolver conflict: name the two sides
+        start = lines.index("The conflict is caused by:") + 1
+        end = lines.index("", start) if "" in lines[start:] else len(lines)
+        picked.append("conflict: " + "; ".join(lines[start:end]))
+    return "; ".join(picked)[:400]
+
+
+def verify_extra(python: str, step: Step) -> str | None:
+    """Run the extra's check in a fresh interpreter; None when it passes, else the error."""
+    out = _capture([python, "-c", step.verify], timeout=600)
+    if out is None:
+        return f"cannot run {python}"
+    return None if out[0] == 0 else _last_line(out[2] or out[1])
+
+
+def ensure_extra(python: str, step: Step, constraints: str, log: list[str]) -> dict:
+    """Install (if needed) and verify one optional extra; remove it again when it does not work."""
+    result = {"name": step.name, "spec": step.argv[-1], "removed": False}
+    if step.installed:
+        why = verify_extra(python, step)
+        if why is None:
+            return result | {"status": "already-installed", "reason": f"{step.installed} verified"}
+        print(f"  {step.name} {step.installed} is installed but fails its check ({why}); reinstalling")
+        run_pip([python, "-m", "pip", "uninstall", "-y", step.name], None, log)
+    rc, tail = run_pip([constraints if a == CONSTRAINTS else a for a in step.argv], step.env, log)
+    why = f"pip install failed: {_pip_error(tail)}" if rc != 0 else None
+    if why is None:
+        check = verify_extra(python, step)
+        why = None if check is None else f"installed but its check failed: {check}"
+    if why is None:
+        return result | {"status": "installed", "reason": "installed and verified"}
+    if step.name in installed_versions(python):
+        run_pip([python, "-m", "pip", "uninstall", "-y", step.name], None, log)
+        result["removed"] = True
+    return result | {"status": "failed", "reason": why}
+
+
+def classify_pip_check(output: str, ours: set[str]) -> tuple[list[str], list[str]]:
+    """Split `pip check` problem lines into those touching our packages (fatal) and the rest (warnings)."""
+    mine, others = [], []
+    for line in output.splitlines():
+        if not line.strip() or line.startswith("No broken requirements"):
+            continue
+        words = {normalize_name(w) for w in re.findall(r"[A-Za-z0-9][A-Za-z0-9._-]*", line)}
+        (mine if words & ours else others).append(line.strip())
+    return mine, others
+
+
+def training_backends(extras: list[dict], skipped: dict[str, str]) -> dict:
+    """Which optimizer and attention implementations training will pick, and why."""
+    status = {e["name"]: e for e in extras}
+
+    def pick(pkg: str, native: str, fallback: str) -> dict:
+        e = status.get(pkg)
+        if e and e["status"] in ("installed", "already-installed"):
+            return {"backend": native, "reason": f"{pkg} {e['reason']}"}
+        why = e["reason"] if e else skipped.get(pkg, f"{pkg} is not in {CUDA_EXTRAS_FILE}")
+        return {"backend": fallback, "reason": f"{pkg} not available: {why}"}
+
+    return {"optimizer": pick("adam-atan2", "native adam-atan2 (CUDA kernel)",
+                              "pure-PyTorch AdamATan2 (utils/optimizer_utils.py)"),
+            "attention": pick("flash-attn", "flash_attn (FlashAttention-2)",
+                              "torch SDPA (torch.nn.functional.scaled_dot_product_attention)")}
+
+
+def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: bool) -> dict:
+    """Run the plan and return the report (see :func:`main`). Stops early only when the base is broken."""
+    report = {"ok": False, "platform": asdict(info), "torch": {"before": info.torch_version, "action": "kept"},
+              "base": {"file": reqs.base_file, "installed": [], "satisfied": plan.satisfied},
+              "extras": [], "skipped": dict(plan.skipped), "warnings": list(plan.warnings),
+              "errors": list(plan.errors), "commands": []}
+    errors, log = report["errors"], report["commands"]
+    if errors:
+        return report
+    torch_step = next((s for s in plan.steps if s.kind == "torch"), None)
+    if torch_step:
+        print("Installing torch")
+        rc, tail = run_pip(torch_step.argv, None, log)
+        info = replace(info, **probe_torch(info.python))
+        report["torch"]["action"] = "installed"
+        if rc != 0 or info.torch_version is None:
+            errors.append(f"torch install failed ({_pip_error(tail) if rc else info.torch_error}); command: "
+                          f"{shlex.join(torch_step.argv)}")
+            return report
+        plan = make_plan(info, reqs, installed_versions(info.python), cuda_extras)  # extras need torch.version.cuda
+        report["skipped"] = dict(plan.skipped)
+        report["warnings"] += [w for w in plan.warnings if w not in report["warnings"]]
+
+    with tempfile.TemporaryDirectory(prefix="hrm-install-") as tmp:
+        constraints = str(Path(tmp, "constraints.txt"))
+        Path(constraints).write_text(f"torch=={info.torch_version}\n", encoding="utf-8")
+        for step in plan.steps:
+            argv = [constraints if a == CONSTRAINTS else a for a in step.argv]
+            if step.kind == "base":
+                print(f"Installing missing base requirements from {step.name}")
+                rc, tail = run_pip(argv, step.env, log)
+                if rc != 0:
+                    errors.append(f"base requirements failed to install ({_pip_error(tail)}); command: "
+                                  f"{shlex.join(argv)}")
+                    return report
+                report["base"]["installed"] = argv[argv.index(constraints) + 1:]
+            elif step.kind == "build-tools":  # without them the extras fail, and say so; the base is fine
+                print("Installing build tools for the CUDA extras")
+                rc, tail = run_pip(argv, step.env, log)
+                if rc != 0:
+                    report["warnings"].append(f"build tools failed to install ({_pip_error(tail)}); "
+                                              "the CUDA extras will likely fail to build")
+            elif step.kind == "extra":
+                print(f"Optional extra {step.name}")
+                result = ensure_extra(info.python, step, constraints, log)
+                print(f"  -> {result['status']}: {result['reason']}")
+                report["extras"].append(result)
+
+    out = _capture([info.python, "-m", "pip", "check"]) or (1, "", "pip not found")
+    ours = {"torch"} | {r.name for r in reqs.base + reqs.cuda_extras + reqs.optional}
+    mine, others = classify_pip_check(out[1] + out[2], ours)
+    report["pip_check"] = {"ok": out[0] == 0, "output": (out[1] + out[2]).strip()}
+    report["warnings"] += [f"pip check (not a project package): {ln}" for ln in others]
+    errors += [f"pip check: {ln}" for ln in mine]
+
+    after = info.torch_version
+    if log:  # something was installed or removed: make sure torch survived it
+        after = probe_torch(info.python)["torch_version"]
+        if after != info.torch_version:
+            errors.append(f"torch changed from {info.torch_version} to {after} during the install: reinstall it "
+                          f"with {shlex.join(plan.torch_command)}")
+    report["platform"] = asdict(info)  # torch fields as they are now, after any install
+    report["torch"] |= {"after": after, "cuda": info.torch_cuda}
+    report["training"] = training_backends(report["extras"], report["skipped"])
+    report["ok"] = not errors
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------------------
+
+def describe_platform(info: PlatformInfo) -> list[str]:
+    """Human-readable lines about the machine and its torch."""
+    torch = ("not installed" if info.torch_version is None and not info.torch_error
+             else f"broken ({info.torch_error})" if info.torch_error
+             else f"{info.torch_version} (" + (f"CUDA {info.torch_cuda}" if info.torch_cuda
+                                               else "MPS build" if info.system == "Darwin" else "CPU build") + ")")
+    lines = [f"  OS        {info.system} {info.machine}, Python {info.python_version} ({info.python})",
+             f"  platform  {info.kind}: {info.kind_reason}",
+             f"  torch     {torch}",
+             f"  machine   {info.ram_gb:.1f} GB RAM, {info.cpu_count} CPU cores"]
+    if info.gpu_name:
+        lines.append(f"  GPU       {info.gpu_count} x {info.gpu_name}, driver {info.driver_version}, "
+                     f"compute capability {info.compute_capability or 'unknown'}")
+    if info.nvcc_path:
+        lines.append(f"  nvcc      {info.nvcc_version or '?'} at {info.nvcc_path} (CUDA_HOME {info.cuda_home or 'unset'})")
+    return lines
+
+
+def describe_plan(plan: Plan, info: PlatformInfo, show_fresh: bool = True) -> list[str]:
+    """The plan as the numbered list --dry-run prints: every pip command, and why things are skipped.
+    ``show_fresh`` adds the command a fresh torch install would run when torch is kept."""
+    lines, n = [], 0
+
+    def item(text: str) -> None:
+        nonlocal n
+        n += 1
+        lines.append(f"  {n}. {text}")
+
+    steps = {s.kind: s for s in plan.steps}
+    if "torch" in steps:
+        item(f"install torch: {shlex.join(plan.torch_command)}")
+    elif info.torch_version:
+        item(f"keep torch {info.torch_version}"
+             + (f" (a fresh install would run: {shlex.join(plan.torch_command)})" if show_fresh else ""))
+    pin = info.torch_version or "<the torch installed in step 1>"
+    if "base" in steps:
+        item(f"install missing base requirements: {shlex.join(steps['base'].argv)}")
+        lines.append(f"     {CONSTRAINTS} pins torch=={pin}")
+    if "build-tools" in steps:
+        item(f"install build tools for the CUDA extras: {shlex.join(steps['build-tools'].argv)}")
+    if plan.satisfied:
+        item(f"already satisfied, no pip call: {', '.join(plan.satisfied)}")
+    for s in (s for s in plan.steps if s.kind == "extra"):
+        action = (f"verify the installed {s.installed}; if its check fails, reinstall with: " if s.installed
+                  else "install, verify, and uninstall again if it fails: ")
+        item(f"optional {s.name}: {action}{_show(s.argv, s.env)}")
+    for name, why in plan.skipped.items():
+        item(f"optional {name}: skipped ({why})")
+    item(f"{shlex.join([info.python, '-m', 'pip', 'check'])}, then confirm torch is unchanged")
+    return lines
+
+
+def describe_result(report: dict) -> list[str]:
+    """The final summary printed after a real run."""
+    t = report["torch"]
+    lines = [f"  torch      {t.get('after') or t['before']} ({t['action']})",
+             f"  base       {len(report['base']['satisfied'])} already satisfied, "
+             f"{len(report['base']['installed'])} installed ({report['base']['file']})"]
+    lines += [f"  {e['name']:<10} {e['status']}: {e['reason']}" + (" (removed)" if e["removed"] else "")
+              for e in report["extras"]]
+    lines += [f"  {name:<10} skipped: {why}" for name, why in report["skipped"].items()]
+    if "pip_check" in report:
+        lines.append(f"  pip check  {_last_line(report['pip_check']['output'])}")
+    for key, value in report.get("training", {}).items():
+        lines.append(f"  {key:<10} -> {value['backend']}: {value['reason']}")
+    return lines
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line options (see --help)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--dry-run", action="store_true", help="print the plan (every pip command) and change nothing")
+    p.add_argument("--platform", choices=("auto",) + PLATFORMS, default="auto",
+                   help="plan for this platform instead of the detected one (other platforms only with --dry-run; "
+                        "'cpu' also works for real, e.g. to keep CUDA extras off an NVIDIA machine)")
+    p.add_argument("--no-cuda-extras", action="store_true", help="do not try adam-atan2 / flash-attn")
+    p.add_argument("--optional", type=Path, metavar="FILE",
+                   help="extra optional requirements: each is installed on its own, verified by importing "
+                        "its module, and removed again if it fails")
+    p.add_argument("--requirements-dir", type=Path, default=REPO, metavar="DIR",
+                   help="folder holding requirements*.txt (default: the repo root)")
+    p.add_argument("--python", default=sys.executable,
+                   help="interpreter (e.g. a venv's bin/python) to install into (default: this one)")
+    p.add_argument("--report", type=Path, default=REPO / "install_report.json",
+                   help="where to write the JSON report (default: install_report.json in the repo)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit code (0 healthy, 1 broken base environment, 2 bad arguments)."""
+    args = parse_args(argv)
+    try:
+        info = detect_platform(args.python)
+        if args.platform != "auto":
+            if not args.dry_run and args.platform not in (info.kind, "cpu"):
+                print(f"error: --platform {args.platform} does not match this machine ({info.kind}); "
+                      "preview it with --dry-run --platform " + args.platform, file=sys.stderr)
+                return 2
+            info = simulate_platform(info, args.platform)
+        reqs = load_requirements(info.kind, args.requirements_dir, args.optional)
+        if (args.dry_run or info.torch_version is None) and info.system == "Linux" and info.kind != "cuda":
+            info.cpu_torch_in_sources = probe_cpu_torch_in_sources(args.python, f"{reqs.torch.specs[0][1]}+cpu")
+        plan = make_plan(info, reqs, installed_versions(args.python), cuda_extras=not args.no_cuda_extras)
+    except InstallError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+    print("Platform\n" + "\n".join(describe_platform(info)))
+    print(("Plan (dry run: nothing will be changed)" if args.dry_run else "Plan") + "\n"
+          + "\n".join(describe_plan(plan, info, show_fresh=args.dry_run)))
+    for w in plan.warnings:
+        print(f"warning: {w}")
+    if args.dry_run:
+        for e in plan.errors:
+            print(f"error: {e}", file=sys.stderr)
+        return 1 if plan.errors else 0
+
+    report = execute(plan, info, reqs, cuda_extras=not args.no_cuda_extras)
+    print("Result: " + ("OK, base environment healthy" if report["ok"] else "FAILED"))
+    print("\n".join(describe_result(report)))
+    for w in report["warnings"][len(plan.warnings):]:
+        print(f"warning: {w}")
+    for e in report["errors"]:
+        print(f"error: {e}", file=sys.stderr)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(f"Report written to {args.report}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
