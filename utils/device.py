@@ -210,29 +210,3 @@ def describe(device: torch.device) -> str:
         return f"Apple Silicon GPU (MPS), macOS {platform.mac_ver()[0]}"
     return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
 
-
-class CompileWithFallback:
-    """Call a ``torch.compile``d module, falling back to eager with one warning if compiling fails.
-
-    ``torch.compile`` is lazy: it compiles on the first call, so that call, not the
-    ``torch.compile(...)`` line, is where a missing compiler or an unsupported op surfaces.
-    Any failure of the compiled path switches this wrapper to eager for good.
-    """
-
-    def __init__(self, module: torch.nn.Module, enabled: bool, **compile_kwargs):
-        self.module = module
-        self.compiled = torch.compile(module, **compile_kwargs) if enabled else None
-
-    @property
-    def is_compiled(self) -> bool:
-        return self.compiled is not None
-
-    def __call__(self, *args, **kwargs):
-        if self.compiled is not None:
-            try:
-                return self.compiled(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - any compiler failure means "run eager"
-                log.warning("torch.compile failed (%s: %s); continuing in eager mode",
-                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-                self.compiled = None
-        return self.module(*args, **kwargs)
