@@ -1,0 +1,364 @@
+"""Sudoku builder tests: generation, augmentation, CSV reading, the on-disk format, and the loader round trip.
+
+Uniqueness and validity are checked with a separate, deliberately plain solver (sets, no bitmasks).
+"""
+
+import json
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scripts import build_sudoku_dataset as builder
+from utils.puzzle_dataset import ARRAY_FIELDS, IGNORE_LABEL_ID, DatasetError, PuzzleDataset
+
+REPO = Path(__file__).resolve().parents[1]
+MIN_BLANKS = 50
+
+
+def plain_count(grid, limit=2):
+    """Independent solution counter: backtracking on the cell with the fewest candidates."""
+    g = [int(d) for d in grid]
+
+    def candidates(i):
+        r, c = divmod(i, 9)
+        br, bc = r // 3 * 3, c // 3 * 3
+        used = {g[r * 9 + k] for k in range(9)} | {g[k * 9 + c] for k in range(9)}
+        used |= {g[(br + a) * 9 + bc + b] for a in range(3) for b in range(3)}
+        return [d for d in range(1, 10) if d not in used]
+
+    def recurse():
+        empties = [i for i in range(81) if g[i] == 0]
+        if not empties:
+            return 1
+        i, options = min(((i, candidates(i)) for i in empties), key=lambda t: len(t[1]))
+        total = 0
+        for d in options:
+            g[i] = d
+            total += recurse()
+            g[i] = 0
+            if total >= limit:
+                break
+        return total
+
+    return recurse()
+
+
+def is_valid_solution(grid):
+    g = np.asarray(grid).reshape(9, 9)
+    units = list(g) + list(g.T) + [g[r:r + 3, c:c + 3].ravel() for r in (0, 3, 6) for c in (0, 3, 6)]
+    return all(sorted(u.tolist()) == list(range(1, 10)) for u in units)
+
+
+def load_split(root, split):
+    d = Path(root) / split
+    return {name: np.load(d / f"all__{name}.npy") for name in ARRAY_FIELDS}
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gen") / "sudoku"
+    builder.build_dataset(root, generate=True, train_size=10, test_size=6, min_blanks=MIN_BLANKS, num_aug=3, seed=0)
+    return root
+
+
+def test_on_disk_format_matches_the_reference(generated):
+    assert sorted(p.name for p in generated.iterdir()) == ["identifiers.json", "test", "train"]
+    assert json.loads((generated / "identifiers.json").read_text()) == ["<blank>"]
+    for split, groups, variants in (("train", 10, 4), ("test", 6, 1)):
+        d = generated / split
+        assert sorted(p.name for p in d.iterdir()) == sorted(["dataset.json"] + [f"all__{f}.npy" for f in ARRAY_FIELDS])
+        assert json.loads((d / "dataset.json").read_text()) == {
+            "pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": 11, "seq_len": 81,
+            "num_puzzle_identifiers": 1, "total_groups": groups, "mean_puzzle_examples": 1.0, "sets": ["all"]}
+        a = load_split(generated, split)
+        n = groups * variants
+        assert a["inputs"].dtype == a["labels"].dtype == np.uint8 and a["inputs"].shape == a["labels"].shape == (n, 81)
+        for name in ("puzzle_identifiers", "puzzle_indices", "group_indices"):
+            assert a[name].dtype == np.int32
+        assert np.array_equal(a["puzzle_identifiers"], np.zeros(n))
+        assert np.array_equal(a["puzzle_indices"], np.arange(n + 1))  # one example per puzzle
+        assert np.array_equal(a["group_indices"], np.arange(0, n + 1, variants))  # original + its augmentations
+        assert a["inputs"].min() == 1 and a["inputs"].max() <= 10  # blank 1, digits 2..10, no padding
+        assert a["labels"].min() >= 2 and a["labels"].max() == 10  # every cell supervised
+
+
+def test_generated_puzzles_have_one_solution_and_it_is_the_label(generated):
+    for split in ("train", "test"):
+        a = load_split(generated, split)
+        originals = a["group_indices"][:-1]  # first puzzle of each group, one example each
+        for q, sol in zip(a["inputs"][originals] - 1, a["labels"][originals] - 1):
+            assert (q == 0).sum() >= MIN_BLANKS
+            assert is_valid_solution(sol) and np.all((q == 0) | (q == sol))
+            assert plain_count(q) == 1
+
+
+def test_train_and_test_are_disjoint_even_up_to_symmetry(generated):
+    train, test = load_split(generated, "train"), load_split(generated, "test")
+    assert not {r.tobytes() for r in train["inputs"]} & {r.tobytes() for r in test["inputs"]}
+    assert not {r.tobytes() for r in train["labels"]} & {r.tobytes() for r in test["labels"]}
+    train_fp = set(builder.grid_fingerprints(train["labels"] - 1))
+    assert not train_fp & set(builder.grid_fingerprints(test["labels"] - 1))
+
+
+def test_augmentations_are_valid_distinct_puzzles_of_the_same_group(generated):
+    a = load_split(generated, "train")
+    for g in range(len(a["group_indices"]) - 1):
+        first, stop = a["group_indices"][g], a["group_indices"][g + 1]
+        q0 = a["inputs"][first] - 1
+        for p in range(first + 1, stop):
+            q, sol = a["inputs"][p] - 1, a["labels"][p] - 1
+            assert is_valid_solution(sol) and np.all((q == 0) | (q == sol))
+            assert (q == 0).sum() == (q0 == 0).sum() and not np.array_equal(q, q0)
+        if g < 3:  # uniqueness survives the transform (a slower check, so on a few groups)
+            assert all(plain_count(a["inputs"][p] - 1) == 1 for p in range(first + 1, stop))
+
+
+def recover_position_map(seed):
+    """Where shuffle_sudoku (seeded ``seed``) sends each cell, found by moving one marked cell at a time."""
+    dest = np.empty(81, int)
+    for k in range(81):
+        marked = np.zeros((1, 81), np.uint8)
+        marked[0, k] = 1
+        moved, _ = builder.shuffle_sudoku(marked, marked, np.random.default_rng(seed))
+        (dest[k],) = np.flatnonzero(moved[0])
+    return dest
+
+
+def band_preserving_permutation(new_of_old):
+    """True when a map of the 9 lines is a permutation that keeps each band (3 lines) together."""
+    new_of_old = np.asarray(new_of_old)
+    return sorted(new_of_old.tolist()) == list(range(9)) and all(len(set(new_of_old[b:b + 3] // 3)) == 1 for b in (0, 3, 6))
+
+
+def test_shuffle_sudoku_is_a_sudoku_symmetry():
+    q, sol = builder.generate_puzzle(np.random.default_rng(3), 40)
+    transposed = 0
+    for seed in range(40):
+        new_row, new_col = np.divmod(recover_position_map(seed), 9)
+        new_row, new_col = new_row.reshape(9, 9), new_col.reshape(9, 9)  # indexed by old (row, col)
+        is_transposed = bool(np.all(new_row == new_row[0:1, :]))  # new row depends on the old column only
+        transposed += is_transposed
+        if is_transposed:
+            row_map, col_map = new_row[0, :], new_col[:, 0]  # old column -> new row, old row -> new column
+            assert np.all(new_col == new_col[:, 0:1])
+        else:
+            row_map, col_map = new_row[:, 0], new_col[0, :]
+            assert np.all(new_row == new_row[:, 0:1]) and np.all(new_col == new_col[0:1, :])
+        assert band_preserving_permutation(row_map) and band_preserving_permutation(col_map)
+        aq, asol = builder.shuffle_sudoku(q[None], sol[None], np.random.default_rng(seed))
+        dest = (new_row * 9 + new_col).ravel()
+        relabel = dict(zip(sol.tolist(), asol[0][dest].tolist()))  # old digit -> new digit, must be consistent
+        assert sorted(relabel) == sorted(relabel.values()) == list(range(1, 10))
+        assert np.array_equal(asol[0][dest], [relabel[d] for d in sol])
+        assert np.array_equal(aq[0][dest], [relabel.get(d, 0) for d in q])  # blanks stay blank
+    assert 8 <= transposed <= 32  # p = 0.5
+
+
+def test_fingerprints_survive_symmetries_and_separate_grids():
+    rng = np.random.default_rng(5)
+    grids = np.stack([builder.generate_puzzle(rng, 0)[1] for _ in range(30)])
+    fps = builder.grid_fingerprints(grids)
+    assert len(set(fps)) == 30
+    for grid, fp in zip(grids[:5], fps):
+        _, variants = builder.shuffle_sudoku(np.zeros((20, 81), np.uint8), np.repeat(grid[None], 20, 0), rng)
+        assert set(builder.grid_fingerprints(variants)) == {fp}
+
+
+def test_generate_distinct_replaces_excluded_grids():
+    q, a, seen = builder.generate_distinct(3, seed=4, stream=0, min_blanks=0)
+    assert len(seen) == 3
+    q2, a2, seen2 = builder.generate_distinct(2, seed=4, stream=0, min_blanks=0, exclude=seen)
+    # indices 0..2 are excluded, so the next ones are drawn
+    assert not {r.tobytes() for r in a} & {r.tobytes() for r in a2} and len(seen2) == 5
+    expected = np.stack([builder._generate_one(k, 4, 0, 0, None)[1] for k in (3, 4)])
+    assert np.array_equal(a2, expected)
+
+
+def test_count_solutions_agrees_with_the_plain_solver():
+    rng = np.random.default_rng(8)
+    _, sol = builder.generate_puzzle(rng, 0)
+    assert builder.count_solutions(sol) == 1 and builder.count_solutions(np.zeros(81, int)) == 2
+    clash = sol.copy()
+    clash[1] = clash[0]
+    assert builder.count_solutions(clash) == 0
+    for blanks in (30, 45, 50, 55, 58, 60, 62, 64):
+        q = sol.copy()
+        q[rng.choice(81, blanks, replace=False)] = 0
+        assert builder.count_solutions(q) == plain_count(q)
+
+
+def test_max_blanks_stops_early_with_a_unique_puzzle():
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        q, sol = builder.generate_puzzle(rng, 30, 35)
+        assert 30 <= (q == 0).sum() <= 35 and plain_count(q) == 1 and np.all((q == 0) | (q == sol))
+    with pytest.raises(DatasetError, match=r"--max-blanks must be in \[--min-blanks=45, 64\]"):
+        builder.build_dataset("unused", generate=True, max_blanks=40)
+
+
+def test_unreachable_min_blanks_gives_a_clear_error(monkeypatch):
+    monkeypatch.setattr(builder, "MAX_ATTEMPTS", 2)
+    with pytest.raises(DatasetError, match="could not reach 64 blanks in 2 random grids; .* lower --min-blanks"):
+        builder.generate_puzzle(np.random.default_rng(0), 64)
+
+
+def test_generation_is_deterministic_for_any_worker_count(generated, tmp_path):
+    again = builder.build_dataset(tmp_path / "again", generate=True, train_size=10, test_size=6,
+                                  min_blanks=MIN_BLANKS, num_aug=3, seed=0, workers=2)
+    for split in ("train", "test"):
+        first, second = load_split(generated, split), load_split(again, split)
+        assert all(np.array_equal(first[k], second[k]) for k in first)
+
+
+def csv_rows(n, seed):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(n):
+        q, a = builder.generate_puzzle(rng, 40)
+        rows.append([f"src{k}", "".join(str(d) if d else "." for d in q), "".join(map(str, a)), str(k)])
+    return rows
+
+
+def write_csv(path, rows, header=("source", "question", "answer", "rating")):
+    path.write_text("\n".join(",".join(r) for r in [list(header)] + rows) + "\n")
+
+
+def test_csv_round_trip(tmp_path):
+    source = tmp_path / "raw"
+    source.mkdir()
+    train, test = csv_rows(6, 1), csv_rows(4, 2)
+    write_csv(source / "train.csv", train)
+    write_csv(source / "test.csv", test)
+    root = builder.build_dataset(tmp_path / "ds", source_dir=source, min_difficulty=2, subsample_size=3, num_aug=2, seed=0)
+
+    def tokens(text):
+        return [1 if ch == "." else int(ch) + 1 for ch in text]
+
+    t = load_split(root, "test")  # ratings 0..3: rows 2 and 3 kept, in file order, not augmented
+    assert t["inputs"].tolist() == [tokens(r[1]) for r in test[2:]] and t["labels"].tolist() == [tokens(r[2]) for r in test[2:]]
+    tr = load_split(root, "train")  # ratings 0..5: 3 of rows 2..5 kept, each with 2 augmentations
+    originals = tr["group_indices"][:-1]
+    assert len(originals) == 3 and np.array_equal(originals, [0, 3, 6])
+    kept = {(tuple(tokens(r[1])), tuple(tokens(r[2]))) for r in train[2:]}
+    chosen = {(tuple(tr["inputs"][i]), tuple(tr["labels"][i])) for i in originals}
+    assert chosen <= kept and len(chosen) == 3
+
+
+def set_field(rows, row, column, value):
+    rows[row][column] = value
+
+
+def contradict_a_clue(rows):
+    q, a = rows[1][1], list(rows[1][2])
+    i = next(k for k, ch in enumerate(q) if ch != ".")
+    a[i] = str(int(a[i]) % 9 + 1)
+    rows[1][2] = "".join(a)
+
+
+def swap_two_blank_cells_of_a_row(rows):
+    """Keeps the clues and the row valid but repeats digits in two columns."""
+    q, a = rows[1][1], list(rows[1][2])
+    for r in range(9):
+        blanks = [r * 9 + c for c in range(9) if q[r * 9 + c] == "."]
+        if len(blanks) >= 2:
+            i, j = blanks[:2]
+            a[i], a[j] = a[j], a[i]
+            rows[1][2] = "".join(a)
+            return
+
+
+@pytest.fixture(scope="module")
+def valid_rows():
+    return csv_rows(4, 3)
+
+
+@pytest.mark.parametrize("line, corrupt, message", [
+    (1, None, "expected the header source,question,answer,rating"),
+    (3, lambda rows: rows[1].pop(), "expected 4 columns"),
+    (3, lambda rows: set_field(rows, 1, 1, rows[1][1][:80]), "must be 81 characters, got 80 and 81"),
+    (3, lambda rows: set_field(rows, 1, 1, "x" + rows[1][1][1:]), "may only hold digits 1-9 and '.'"),
+    (3, lambda rows: set_field(rows, 1, 1, "\u00e9" + rows[1][1][1:]), "may only hold digits 1-9 and '.'"),
+    (3, lambda rows: set_field(rows, 1, 2, "." + rows[1][2][1:]), "answer must be 81 digits 1-9"),
+    (3, contradict_a_clue, "answer disagrees with a question clue"),
+    (3, swap_two_blank_cells_of_a_row, "answer repeats a digit in a column"),
+    (4, lambda rows: set_field(rows, 2, 3, "hard"), "rating 'hard' is not an integer"),
+])
+@pytest.mark.parametrize("chunk_rows", [2, 1 << 16])
+def test_malformed_csv_names_the_line(tmp_path, valid_rows, line, corrupt, message, chunk_rows):
+    rows = [list(r) for r in valid_rows]
+    path = tmp_path / "train.csv"
+    if corrupt is None:
+        write_csv(path, rows, header=("source", "puzzle", "solution", "rating"))
+    else:
+        corrupt(rows)
+        write_csv(path, rows)
+    with pytest.raises(DatasetError, match=f"train.csv:{line}: .*{message}"):
+        builder.read_sudoku_csv(path, min_difficulty=0, chunk_rows=chunk_rows)
+
+
+def test_build_argument_errors(tmp_path):
+    with pytest.raises(DatasetError, match="choose exactly one source"):
+        builder.build_dataset(tmp_path / "x")
+    with pytest.raises(DatasetError, match="choose exactly one source"):
+        builder.build_dataset(tmp_path / "x", source_dir=tmp_path, generate=True)
+    with pytest.raises(DatasetError, match="--min-difficulty .* use it with --source-dir"):
+        builder.build_dataset(tmp_path / "x", generate=True, min_difficulty=3)
+    with pytest.raises(DatasetError, match=r"--min-blanks must be in \[0, 64\]"):
+        builder.build_dataset(tmp_path / "x", generate=True, min_blanks=70)
+    with pytest.raises(DatasetError, match="--num-aug must be >= 0"):
+        builder.build_dataset(tmp_path / "x", generate=True, num_aug=-1)
+    with pytest.raises(DatasetError, match="train.csv not found"):
+        builder.build_dataset(tmp_path / "x", source_dir=tmp_path)
+    assert not (tmp_path / "x").exists()
+
+
+def test_output_dir_is_protected(tmp_path):
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep me")
+    with pytest.raises(DatasetError, match="not empty; pass --overwrite"):
+        builder.build_dataset(other, generate=True, train_size=1, test_size=1)
+    with pytest.raises(DatasetError, match="does not look like a puzzle dataset"):
+        builder.build_dataset(other, generate=True, train_size=1, test_size=1, overwrite=True)
+    assert (other / "todo.txt").read_text() == "keep me"
+    root = builder.build_dataset(tmp_path / "ds", generate=True, train_size=1, test_size=1, seed=1)
+    builder.build_dataset(root, generate=True, train_size=2, test_size=1, seed=1, overwrite=True)
+    assert len(load_split(root, "train")["inputs"]) == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+
+
+def test_cli(tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_info:
+        builder.main(["--help"])
+    assert exit_info.value.code == 0 and "--generate" in capsys.readouterr().out
+    with pytest.raises(DatasetError, match="choose exactly one source"):  # callers such as pretrain.py get the error
+        builder.main(["--output-dir", str(tmp_path / "x")])
+    # Run as a script, an error is one line and the exit status 1.
+    monkeypatch.setattr(sys, "argv", ["build_sudoku_dataset.py", "--output-dir", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="^error: choose exactly one source"):
+        runpy.run_path(str(REPO / "scripts" / "build_sudoku_dataset.py"), run_name="__main__")
+    # As a real script process (its own sys.path setup), end to end.
+    out = tmp_path / "cli"
+    result = subprocess.run([sys.executable, "scripts/build_sudoku_dataset.py", "--generate", "--train-size", "2",
+                             "--test-size", "1", "--num-aug", "1", "--output-dir", str(out)],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert len(load_split(out, "train")["inputs"]) == 4 and "puzzles/s" in result.stdout
+
+
+def test_loader_reads_the_built_dataset(generated):
+    train = PuzzleDataset(generated, "train", global_batch_size=4, seed=0)
+    batches = list(train)
+    assert len(batches) == 2  # 10 groups, one puzzle each per epoch -> 2 full batches of 4
+    for name, batch, size in batches:
+        assert name == "all" and size == 4 and batch["inputs"].shape == (4, 81)
+        assert batch["inputs"].min() >= 1 and batch["inputs"].max() <= 10
+        assert batch["labels"].min() >= 2 and batch["labels"].max() <= 10  # every cell supervised, none ignored
+        assert (batch["puzzle_identifiers"] == 0).all()
+    test = list(PuzzleDataset(generated, "test", global_batch_size=4))
+    assert [size for _, _, size in test] == [4, 2]
+    assert (test[1][1]["labels"][2:] == IGNORE_LABEL_ID).all() and (test[1][1]["inputs"][2:] == 0).all()

@@ -1,0 +1,343 @@
+"""The HRM puzzle-dataset format: metadata, validated loading, and the train/test batch sampler.
+
+On-disk layout (shared by every builder; ``sapientinc/HRM`` dataset/common.py and puzzle_dataset.py)::
+
+    <data_path>/identifiers.json                        list, puzzle id -> name, "<blank>" at 0
+    <data_path>/<split>/dataset.json                    PuzzleDatasetMetadata as JSON
+    <data_path>/<split>/<set>__inputs.npy               [N_examples, seq_len] integer tokens
+    <data_path>/<split>/<set>__labels.npy               [N_examples, seq_len] integer tokens
+    <data_path>/<split>/<set>__puzzle_identifiers.npy   int32 [N_puzzles]
+    <data_path>/<split>/<set>__puzzle_indices.npy       int32 [N_puzzles + 1], example offsets
+    <data_path>/<split>/<set>__group_indices.npy        int32 [N_groups + 1], puzzle offsets
+
+A group is one original puzzle and its augmentations; a puzzle is one identifier with one
+or more examples (input/label sequence pairs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+IGNORE_LABEL_ID = -100  # what ignored label positions become in batches (torch cross-entropy's default)
+ARRAY_FIELDS = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
+
+
+class DatasetError(ValueError):
+    """A dataset is missing, malformed or inconsistent, or was asked for in an impossible way."""
+
+
+def _build_hint(data_path) -> str:
+    return f"build it with python scripts/build_sudoku_dataset.py --generate --output-dir {data_path}"
+
+
+@dataclass(frozen=True)
+class PuzzleDatasetMetadata:
+    """Contents of ``<split>/dataset.json`` (field names as in the reference).
+
+    Attributes:
+        pad_id: token used to pad inputs.
+        ignore_label_id: label token that is not supervised (-> IGNORE_LABEL_ID in batches); None: none.
+        blank_identifier_id: puzzle identifier used for padding rows.
+        vocab_size: tokens are in [0, vocab_size).
+        seq_len: tokens per example.
+        num_puzzle_identifiers: identifiers are in [0, num_puzzle_identifiers).
+        total_groups: groups summed over all sets.
+        mean_puzzle_examples: mean examples per puzzle (used for the step count of a run).
+        sets: names of the array sets (files ``<set>__*.npy``), usually ["all"].
+    """
+
+    pad_id: int
+    ignore_label_id: int | None
+    blank_identifier_id: int
+    vocab_size: int
+    seq_len: int
+    num_puzzle_identifiers: int
+    total_groups: int
+    mean_puzzle_examples: float
+    sets: list[str]
+
+
+def load_metadata(data_path: str | os.PathLike, split: str) -> PuzzleDatasetMetadata:
+    """Read and check ``<data_path>/<split>/dataset.json``. Extra fields (e.g. TRM's ``total_puzzles``) are ignored.
+
+    Raises:
+        DatasetError: missing directory or file, bad JSON, missing fields (named), wrong types or ranges.
+    """
+    data_path = Path(data_path)
+    if not data_path.is_dir():
+        raise DatasetError(f"data_path '{data_path}' not found: {_build_hint(data_path)}")
+    path = data_path / split / "dataset.json"
+    if not path.is_file():
+        raise DatasetError(f"{path} not found: '{data_path}' has no '{split}' split; rebuild it ({_build_hint(data_path)})")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{path} is not valid JSON ({e}); rebuild the dataset") from None
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{path} must hold a JSON object, got {type(raw).__name__}; rebuild the dataset")
+    missing = [f.name for f in fields(PuzzleDatasetMetadata) if f.name not in raw]
+    if missing:
+        raise DatasetError(f"{path} lacks field(s) {', '.join(missing)}; rebuild the dataset with a current builder")
+    meta = PuzzleDatasetMetadata(**{f.name: raw[f.name] for f in fields(PuzzleDatasetMetadata)})
+
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for name in ("pad_id", "blank_identifier_id", "vocab_size", "seq_len", "num_puzzle_identifiers", "total_groups"):
+        if not is_int(getattr(meta, name)):
+            raise DatasetError(f"{path}: {name} must be an integer, got {getattr(meta, name)!r}")
+    if not (meta.ignore_label_id is None or is_int(meta.ignore_label_id)):
+        raise DatasetError(f"{path}: ignore_label_id must be an integer or null, got {meta.ignore_label_id!r}")
+    if not isinstance(meta.mean_puzzle_examples, (int, float)) or isinstance(meta.mean_puzzle_examples, bool):
+        raise DatasetError(f"{path}: mean_puzzle_examples must be a number, got {meta.mean_puzzle_examples!r}")
+    if not (isinstance(meta.sets, list) and meta.sets and all(isinstance(s, str) and s for s in meta.sets)):
+        raise DatasetError(f"{path}: sets must be a non-empty list of names, got {meta.sets!r}")
+    if meta.vocab_size < 1 or meta.seq_len < 1 or meta.num_puzzle_identifiers < 1 or meta.total_groups < 0:
+        raise DatasetError(f"{path}: vocab_size, seq_len and num_puzzle_identifiers must be >= 1 and total_groups >= 0")
+    if not 0 <= meta.pad_id < meta.vocab_size:
+        raise DatasetError(f"{path}: pad_id {meta.pad_id} is outside the vocabulary [0, {meta.vocab_size})")
+    if not 0 <= meta.blank_identifier_id < meta.num_puzzle_identifiers:
+        raise DatasetError(f"{path}: blank_identifier_id {meta.blank_identifier_id} is outside [0, {meta.num_puzzle_identifiers})")
+    return meta
+
+
+def _check_offsets(where: str, offsets: np.ndarray, total: int, what: str) -> None:
+    """offsets must run 0 = o[0] < o[1] < ... < o[-1] = total (every entry non-empty)."""
+    if offsets.size < 1 or offsets[0] != 0 or offsets[-1] != total or np.any(np.diff(offsets) <= 0):
+        raise DatasetError(f"{where}: must rise strictly from 0 to {total} (the number of {what}); the dataset is corrupt, rebuild it")
+
+
+def load_arrays(data_path: str | os.PathLike, split: str, metadata: PuzzleDatasetMetadata) -> dict[str, dict[str, np.ndarray]]:
+    """Load and check every ``<set>__<field>.npy`` of a split.
+
+    inputs/labels are memory-mapped (read-only); the index arrays are read into memory.
+    Token ranges are checked with min/max, one pass over the mapped files.
+
+    Returns:
+        {set_name: {field: array}} with the fields of ARRAY_FIELDS.
+    Raises:
+        DatasetError: a file is missing or unreadable, shapes or dtypes disagree with the
+            metadata, offsets are not increasing, or a token/identifier is out of range.
+    """
+    split_dir = Path(data_path) / split
+    data, groups = {}, 0
+    for set_name in metadata.sets:
+        arrays = {}
+        for name in ARRAY_FIELDS:
+            path = split_dir / f"{set_name}__{name}.npy"
+            if not path.is_file():
+                raise DatasetError(f"{path} not found; the dataset is incomplete, rebuild it ({_build_hint(data_path)})")
+            try:
+                arrays[name] = np.load(path, mmap_mode="r" if name in ("inputs", "labels") else None, allow_pickle=False)
+            except (ValueError, OSError) as e:
+                raise DatasetError(f"{path} is not a readable .npy file ({e}); rebuild the dataset") from None
+            if not np.issubdtype(arrays[name].dtype, np.integer):
+                raise DatasetError(f"{path}: dtype {arrays[name].dtype} is not an integer type; rebuild the dataset")
+        where = f"{split_dir}/{set_name}__"
+        inputs, labels = arrays["inputs"], arrays["labels"]
+        if inputs.ndim != 2 or inputs.shape[1] != metadata.seq_len:
+            raise DatasetError(f"{where}inputs.npy has shape {inputs.shape}, expected [N, seq_len={metadata.seq_len}]")
+        if labels.shape != inputs.shape:
+            raise DatasetError(f"{where}labels.npy has shape {labels.shape}, expected {inputs.shape} like inputs.npy")
+        for name in ("puzzle_identifiers", "puzzle_indices", "group_indices"):
+            if arrays[name].ndim != 1:
+                raise DatasetError(f"{where}{name}.npy has shape {arrays[name].shape}, expected a 1-D array")
+        num_puzzles = len(arrays["puzzle_identifiers"])
+        if len(arrays["puzzle_indices"]) != num_puzzles + 1:
+            raise DatasetError(f"{where}puzzle_indices.npy has {len(arrays['puzzle_indices'])} entries, "
+                               f"expected {num_puzzles + 1} (one more than puzzle_identifiers.npy)")
+        _check_offsets(f"{where}puzzle_indices.npy", arrays["puzzle_indices"], len(inputs), "examples")
+        _check_offsets(f"{where}group_indices.npy", arrays["group_indices"], num_puzzles, "puzzles")
+        groups += len(arrays["group_indices"]) - 1
+        if len(inputs):
+            if inputs.min() < 0 or inputs.max() >= metadata.vocab_size:
+                raise DatasetError(f"{where}inputs.npy holds tokens in [{inputs.min()}, {inputs.max()}], "
+                                   f"outside the vocabulary [0, {metadata.vocab_size}); the dataset and its metadata disagree")
+            if labels.min() < 0 or labels.max() >= metadata.vocab_size:
+                outside = labels[(labels < 0) | (labels >= metadata.vocab_size)]
+                if metadata.ignore_label_id is None or np.any(outside != metadata.ignore_label_id):
+                    raise DatasetError(f"{where}labels.npy holds tokens in [{labels.min()}, {labels.max()}], outside the "
+                                       f"vocabulary [0, {metadata.vocab_size}) and not ignore_label_id={metadata.ignore_label_id}")
+        ids = arrays["puzzle_identifiers"]
+        if num_puzzles and (ids.min() < 0 or ids.max() >= metadata.num_puzzle_identifiers):
+            raise DatasetError(f"{where}puzzle_identifiers.npy holds ids in [{ids.min()}, {ids.max()}], "
+                               f"outside [0, num_puzzle_identifiers={metadata.num_puzzle_identifiers})")
+        data[set_name] = arrays
+    if groups != metadata.total_groups:
+        raise DatasetError(f"{split_dir}: the group_indices files hold {groups} groups but dataset.json says "
+                           f"total_groups={metadata.total_groups}; rebuild the dataset")
+    return data
+
+
+class PuzzleDataset:
+    """Batches of a puzzle dataset, in the reference sampling order, resumable.
+
+    Train mode (``split="train"`` unless ``test_set_mode`` says otherwise): one pass over
+    the iterator is one *iteration* of ``epochs_per_iter`` epochs. Each epoch visits the groups
+    in a fresh random order; for each group one random puzzle is drawn and its examples (in
+    random order) are packed into batches of ``global_batch_size`` rows; a puzzle that does
+    not fit is cut at the batch end, and the incomplete last batch of the iteration is dropped.
+    The RNG of iteration ``i`` is seeded from ``(seed, i)``, so any position can be rebuilt.
+
+    Test mode: examples in file order, ``global_batch_size`` at a time; the last batch is padded.
+
+    Every rank builds the same global batch and keeps rows ``[rank*B, (rank+1)*B)``,
+    ``B = global_batch_size // world_size``, so the ranks' slices partition the batch.
+
+    Iterating yields ``(set_name, batch, effective_global_batch_size)``; ``batch`` holds CPU
+    tensors ``inputs`` int32 [B, seq_len], ``labels`` int32 [B, seq_len] (ignored positions and
+    padding = IGNORE_LABEL_ID) and ``puzzle_identifiers`` int32 [B]. The effective size counts
+    the real (unpadded) rows of the global batch: always ``global_batch_size`` in train mode.
+
+    ``state_dict()`` records the next batch (iteration, batch index); it is exact when batches
+    are consumed in this process (not through DataLoader workers, which would run ahead).
+
+    Raises:
+        DatasetError: bad arguments, a bad dataset (see load_metadata/load_arrays), or a train
+            split too small to fill one global batch.
+    """
+
+    def __init__(self, data_path: str | os.PathLike, split: str, global_batch_size: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, epochs_per_iter: int = 1, test_set_mode: bool | None = None):
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise DatasetError(f"rank must be in [0, world_size={world_size}), got rank={rank}")
+        if global_batch_size < 1 or global_batch_size % world_size:
+            raise DatasetError(f"global_batch_size {global_batch_size} must be a positive multiple of world_size {world_size}")
+        if seed < 0 or epochs_per_iter < 1:
+            raise DatasetError(f"seed must be >= 0 and epochs_per_iter >= 1, got seed={seed}, epochs_per_iter={epochs_per_iter}")
+        self.data_path, self.split = Path(data_path), split
+        self.global_batch_size, self.local_batch_size = global_batch_size, global_batch_size // world_size
+        self.seed, self.rank, self.world_size, self.epochs_per_iter = seed, rank, world_size, epochs_per_iter
+        self.test_set_mode = split != "train" if test_set_mode is None else test_set_mode
+        self.metadata = load_metadata(data_path, split)
+        self._data = load_arrays(data_path, split, self.metadata)
+        self.num_examples = sum(len(d["inputs"]) for d in self._data.values())
+        self._iteration, self._batch = 0, 0
+        self._plan_cache: tuple[int, tuple] | None = None
+        if len(self) == 0:
+            if self.test_set_mode:
+                raise DatasetError(f"split '{split}' of {data_path} has no examples; rebuild the dataset")
+            raise DatasetError(f"split '{split}' of {data_path}: {epochs_per_iter} epoch(s) of {self.metadata.total_groups} "
+                               f"groups cannot fill one global batch of {global_batch_size}; "
+                               "lower global_batch_size or raise epochs_per_iter")
+
+    # --- sampling plans: which puzzles/examples form each global batch of an iteration ---
+
+    def _plan(self, iteration: int) -> tuple:
+        """(puzzle sequence per set, list of (set, start, stop)) for one iteration; cached.
+
+        Train: puzzles[set][start:stop] fill the batch. Test: examples [start, stop).
+        """
+        if self._plan_cache is not None and self._plan_cache[0] == iteration:
+            return self._plan_cache[1]
+        batches, sequences = [], {}
+        if self.test_set_mode:
+            for set_name, d in self._data.items():
+                n = len(d["inputs"])
+                batches += [(set_name, s, min(s + self.global_batch_size, n)) for s in range(0, n, self.global_batch_size)]
+        else:
+            rng = np.random.default_rng([self.seed, iteration])
+            for set_name, d in self._data.items():
+                groups, examples = d["group_indices"], d["puzzle_indices"]
+                order = np.concatenate([rng.permutation(len(groups) - 1) for _ in range(self.epochs_per_iter)])
+                puzzles = rng.integers(groups[order], groups[order + 1])
+                sequences[set_name] = puzzles
+                ends = np.cumsum(examples[puzzles + 1] - examples[puzzles])  # examples up to and including each puzzle
+                start = 0
+                while start < len(puzzles):
+                    filled = ends[start - 1] if start else 0
+                    last = int(np.searchsorted(ends, filled + self.global_batch_size))  # first puzzle that fills it
+                    if last >= len(puzzles):
+                        break  # incomplete last batch: dropped
+                    batches.append((set_name, start, last + 1))
+                    start = last + 1
+        plan = (sequences, batches)
+        self._plan_cache = (iteration, plan)
+        return plan
+
+    def __len__(self) -> int:
+        """Number of global batches in the current iteration (one pass of the iterator)."""
+        return len(self._plan(self._iteration)[1])
+
+    def _train_rows(self, offsets: np.ndarray, iteration: int, index: int, puzzles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Example rows and their puzzles for one global train batch; the last puzzle is cut to fit."""
+        starts = offsets[puzzles]
+        sizes = offsets[puzzles + 1] - starts
+        if np.all(sizes == 1):
+            rows = starts
+        else:  # each puzzle's examples in random order, from an RNG owned by this batch
+            rng = np.random.default_rng([self.seed, iteration, index])
+            rows = np.concatenate([s + rng.permutation(n) for s, n in zip(starts, sizes)])
+        return rows[:self.global_batch_size], np.repeat(puzzles, sizes)[:self.global_batch_size]
+
+    def _collate(self, d: dict, rows: np.ndarray, puzzles: np.ndarray) -> dict[str, torch.Tensor]:
+        pad = self.local_batch_size - len(rows)
+        inputs = d["inputs"][rows].astype(np.int32)
+        labels = d["labels"][rows].astype(np.int32)
+        ids = d["puzzle_identifiers"][puzzles].astype(np.int32)
+        if self.metadata.ignore_label_id is not None:
+            labels[labels == self.metadata.ignore_label_id] = IGNORE_LABEL_ID
+        batch = {
+            "inputs": np.pad(inputs, ((0, pad), (0, 0)), constant_values=self.metadata.pad_id),
+            "labels": np.pad(labels, ((0, pad), (0, 0)), constant_values=IGNORE_LABEL_ID),
+            "puzzle_identifiers": np.pad(ids, (0, pad), constant_values=self.metadata.blank_identifier_id),
+        }
+        return {k: torch.from_numpy(v) for k, v in batch.items()}
+
+    def _batch_at(self, iteration: int, index: int) -> tuple[str, dict[str, torch.Tensor], int]:
+        sequences, batches = self._plan(iteration)
+        set_name, start, stop = batches[index]
+        d = self._data[set_name]
+        local = slice(self.rank * self.local_batch_size, (self.rank + 1) * self.local_batch_size)
+        if self.test_set_mode:
+            rows = np.arange(start, stop)[local]
+            puzzles = np.searchsorted(d["puzzle_indices"], rows, side="right") - 1
+            return set_name, self._collate(d, rows, puzzles), stop - start
+        rows, puzzles = self._train_rows(d["puzzle_indices"], iteration, index, sequences[set_name][start:stop])
+        return set_name, self._collate(d, rows[local], puzzles[local]), self.global_batch_size
+
+    def __iter__(self):
+        """Yield the rest of the current iteration's batches, then move to the next iteration."""
+        iteration = self._iteration
+        num_batches = len(self._plan(iteration)[1])
+        if num_batches == 0:  # a random draw of small multi-example puzzles can leave an iteration empty
+            self._iteration, self._batch = iteration + 1, 0
+        for index in range(self._batch, num_batches):
+            item = self._batch_at(iteration, index)
+            # Advance before yielding: a state_dict() taken after this batch resumes at the next one.
+            self._iteration, self._batch = (iteration + 1, 0) if index + 1 == num_batches else (iteration, index + 1)
+            yield item
+
+    # --- resumability ---
+
+    def state_dict(self) -> dict:
+        """Sampler position (next batch) plus the settings it depends on; plain ints/bools."""
+        return {"iteration": self._iteration, "batch": self._batch, "seed": self.seed,
+                "global_batch_size": self.global_batch_size, "epochs_per_iter": self.epochs_per_iter,
+                "test_set_mode": self.test_set_mode, "num_examples": self.num_examples}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a ``state_dict()``; the next batch is the one that would have come next.
+
+        ``world_size`` and ``rank`` may differ from the saving run: global batches do not depend on them.
+
+        Raises:
+            DatasetError: keys missing, or the state was saved with other settings or another dataset.
+        """
+        missing = {"iteration", "batch", "seed", "global_batch_size", "epochs_per_iter", "test_set_mode", "num_examples"} - set(state)
+        if missing:
+            raise DatasetError(f"dataset state lacks {', '.join(sorted(missing))}; it is not from PuzzleDataset.state_dict()")
+        for key in ("seed", "global_batch_size", "epochs_per_iter", "test_set_mode", "num_examples"):
+            if state[key] != getattr(self, key):
+                raise DatasetError(f"dataset state was saved with {key}={state[key]}, this run has {getattr(self, key)}; "
+                                   "resume with the same data_path, seed and batch settings")
+        iteration, index = int(state["iteration"]), int(state["batch"])
+        if iteration < 0 or not 0 <= index < max(1, len(self._plan(iteration)[1])):
+            raise DatasetError(f"dataset state position (iteration {iteration}, batch {index}) does not exist in this dataset")
+        self._iteration, self._batch = iteration, index
