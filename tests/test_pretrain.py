@@ -1,0 +1,120 @@
+"""pretrain.py end to end on a tiny generated Sudoku set, plus the lr schedule and startup errors."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import evaluate
+import pretrain
+from scripts.build_sudoku_dataset import build_dataset
+from utils.checkpoint import safe_load
+
+TINY_ARCH = ["arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=2",
+             "arch.expansion=2"]
+
+
+@pytest.fixture(scope="module")
+def sudoku_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "sudoku"
+    build_dataset(path, generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
+    return path
+
+
+def run_pretrain(sudoku_dir, run_dir, *extra):
+    return pretrain.main(["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", f"checkpoint_path={run_dir}",
+                          "global_batch_size=16", "epochs=4", "eval_interval=2", "log_interval=2", "lr_warmup_steps=2",
+                          "forward_dtype=float32", *TINY_ARCH, *extra])
+
+
+def test_cosine_lr_schedule():
+    assert pretrain.cosine_lr(0, 1.0, 10, 110, 0.1) == 0.0
+    assert pretrain.cosine_lr(5, 1.0, 10, 110, 0.1) == 0.5
+    assert pretrain.cosine_lr(10, 1.0, 10, 110, 0.1) == pytest.approx(1.0)
+    assert pretrain.cosine_lr(60, 1.0, 10, 110, 0.1) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert pretrain.cosine_lr(110, 1.0, 10, 110, 0.1) == pytest.approx(0.1)
+    # The reference default lr_min_ratio=1.0 is constant after warmup.
+    assert all(pretrain.cosine_lr(s, 2.0, 10, 110, 1.0) == 2.0 for s in range(10, 111))
+
+
+def test_end_to_end_run_writes_metrics_and_reference_format_checkpoints(sudoku_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run_pretrain(sudoku_dir, run_dir) == 0
+    points = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [p for p in points if "eval/exact_accuracy" in p]
+    assert [p["step"] for p in evals] == [8, 16]  # 64 groups / 16 per batch = 4 steps per epoch
+    assert all(0 <= p["eval/accuracy"] <= 1 and p["eval/count"] == 16 for p in evals)
+    assert any("train/lm_loss" in p and "train/examples_per_s" in p for p in points)
+    assert list((run_dir / "tensorboard").iterdir()), "no TensorBoard event file"
+
+    ckpt = safe_load(run_dir / "step_16.pt")
+    assert ckpt["step"] == 16
+    assert all(k.startswith("_orig_mod.model.inner.") for k in ckpt["model"])
+    assert "_orig_mod.model.inner.H_level.layers.0.self_attn.qkv_proj.weight" in ckpt["model"]
+    adam_state, emb_state = ckpt["optimizers"]
+    assert set(adam_state["param_groups"][0]) >= {"lr", "betas", "weight_decay"}
+    assert any("exp_avg" in s for s in adam_state["state"].values())
+    assert "param_groups" in emb_state
+
+    # evaluate.py reproduces the last eval from the checkpoint alone.
+    capsys.readouterr()
+    assert evaluate.main(["--checkpoint", str(run_dir / "step_16.pt"), "--forward-dtype", "float32", "--json"]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("accuracy", "exact_accuracy", "blank_accuracy"):
+        assert metrics[key] == pytest.approx(evals[-1][f"eval/{key}"], abs=1e-6)
+
+
+def test_evaluate_loads_a_reference_checkpoint_with_all_config_yaml(sudoku_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run_pretrain(sudoku_dir, run_dir) == 0
+    ref_dir = tmp_path / "released"
+    ref_dir.mkdir()
+    # The released layout: a raw state dict named `checkpoint` next to all_config.yaml.
+    torch.save(safe_load(run_dir / "step_16.pt")["model"], ref_dir / "checkpoint")
+    text = (run_dir / "all_config.yaml").read_text() + "eval_save_outputs: []\n"  # a reference-only key
+    (ref_dir / "all_config.yaml").write_text(text)
+    capsys.readouterr()
+    assert evaluate.main(["--checkpoint", str(ref_dir / "checkpoint"), "--forward-dtype", "float32", "--json"]) == 0
+    assert "exact_accuracy" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_short_run_learns(sudoku_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    assert run_pretrain(sudoku_dir, run_dir, "epochs=10", "eval_interval=10", "lr=3e-3", "lr_min_ratio=1.0") == 0
+    losses = [p["train/lm_loss"] for p in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+              if "train/lm_loss" in p]
+    assert losses[-1] < losses[0] - 0.1, losses
+    assert math.isfinite(losses[-1])
+
+
+def test_missing_dataset_without_builder_says_how_to_build_one(tmp_path, caplog):
+    code = pretrain.main(["--config-name=cfg_pretrain", f"data_path={tmp_path / 'nope'}", "device=cpu"])
+    assert code == 2
+    assert "python scripts/build_sudoku_dataset.py --generate" in caplog.text
+
+
+def test_missing_default_dataset_is_built_first(tmp_path):
+    data = tmp_path / "gen"
+    run_dir = tmp_path / "run"
+    code = pretrain.main(["--config-name=cfg_pretrain_cpu", f"data_path={data}", f"checkpoint_path={run_dir}",
+                          "dataset_builder={generate: true, train_size: 32, test_size: 8, min_blanks: 30, num_aug: 0}",
+                          "global_batch_size=16", "epochs=2", "eval_interval=2", "forward_dtype=float32", *TINY_ARCH])
+    assert code == 0
+    assert (data / "train" / "dataset.json").is_file() and (run_dir / "step_4.pt").is_file()
+
+
+@pytest.mark.parametrize("override, message", [
+    ("lr_warmup=5", "unknown config key 'lr_warmup'"),
+    ("arch.hidden=5", "unknown config key 'arch.hidden'"),
+    ("epochs=many", "config key 'epochs'"),
+    ("device=cuda", "CUDA is not available"),
+    ("device=gpu0", "is not a device"),
+])
+def test_bad_settings_are_one_line_errors(sudoku_dir, tmp_path, caplog, override, message):
+    if override == "device=cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA, so device=cuda is valid")
+    code = pretrain.main(["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}",
+                          f"checkpoint_path={tmp_path}", override])
+    assert code == 2
+    assert message in caplog.text
