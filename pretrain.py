@@ -35,7 +35,7 @@ from models.layers import attention_backend
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
 from utils.checkpoint import atomic_save, prune_checkpoints
-from utils.hardware_optimizer import compile_model
+from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.config import ConfigError, PretrainConfig, load_config, to_dict, valid_keys
 from utils.device import DeviceError, compile_decision, configure_backends, describe, select_device, select_dtype
 from utils.optimizer_utils import get_adam_atan2_optimizer
@@ -247,23 +247,37 @@ def main(argv: Optional[list[str]] = None) -> int:
             dist.destroy_process_group()
 
 
+def apply_hardware_profile(cfg: PretrainConfig, device: torch.device, explicit: set[str], rank: Dist) -> None:
+    """Set the memory-dependent knobs from ``cfg.hardware``; keys given as overrides keep their value."""
+    try:
+        name, knobs, reason = resolve_hardware_profile(cfg.hardware, device)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    applied = {k: knobs[k] for k in ("global_batch_size", "compile") if k not in explicit}
+    for key, value in applied.items():
+        setattr(cfg, key, value)
+    if rank.is_main:
+        log.info("hardware profile %s (%s): %s", name, reason, ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed")
+
+
 def train(args: argparse.Namespace, rank: Dist) -> int:
     cfg = load_config(args.config_name, args.overrides)
     if rank.world_size > 1:  # every rank trains with rank 0's config
         box = [cfg]
         dist.broadcast_object_list(box, src=0)
         cfg = box[0]
-    if cfg.epochs % cfg.eval_interval:
-        raise ConfigError(f"epochs ({cfg.epochs}) must be a multiple of eval_interval ({cfg.eval_interval})")
-    if cfg.global_batch_size % rank.world_size:
-        raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
-    local_batch_size = cfg.global_batch_size // rank.world_size
-
     if rank.world_size > 1 and dist.get_backend() == "nccl":
         device_choice = select_device(f"cuda:{rank.local_rank}")
     else:
         device_choice = select_device(cfg.device)
     device = device_choice.device
+    if cfg.hardware:
+        apply_hardware_profile(cfg, device, explicit={o.split("=", 1)[0] for o in args.overrides}, rank=rank)
+    if cfg.epochs % cfg.eval_interval:
+        raise ConfigError(f"epochs ({cfg.epochs}) must be a multiple of eval_interval ({cfg.eval_interval})")
+    if cfg.global_batch_size % rank.world_size:
+        raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
+    local_batch_size = cfg.global_batch_size // rank.world_size
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
     configure_backends(device)
     torch.manual_seed(cfg.seed + rank.rank)

@@ -84,6 +84,9 @@ class PretrainConfig:
     log_interval: int = 10  # optimizer steps between metrics.jsonl/TensorBoard points
 
     device: str = "auto"
+    # A hardware profile (auto, gpu_24gb, gpu_16gb, gpu_low_mem, apple_silicon, cpu) sets
+    # global_batch_size and compile for the machine; key=value overrides still win. null: off.
+    hardware: Optional[str] = None
     forward_dtype: str = "auto"  # auto | bfloat16 | float32
     compile: bool = True
 
