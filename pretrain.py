@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -30,11 +31,12 @@ from omegaconf import OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1, strip_reference_prefix
+from models.hrm.hrm_act_v1 import Carry, HierarchicalReasoningModel_ACTV1, InnerCarry, strip_reference_prefix
 from models.layers import attention_backend
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils.checkpoint import atomic_save, prune_checkpoints
+from utils.checkpoint import (CheckpointError, atomic_save, capture_rng_state, newest_valid_checkpoint, prune_checkpoints,
+                              restore_rng_state, safe_load)
 from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.config import ConfigError, PretrainConfig, load_config, to_dict, valid_keys
 from utils.device import DeviceError, compile_decision, configure_backends, describe, select_device, select_dtype
@@ -237,12 +239,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     rank = init_distributed()
     logging.basicConfig(level=logging.INFO if rank.is_main else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    stopper = GracefulStop()
     try:
-        return train(args, rank)
-    except (ConfigError, DatasetError, DeviceError) as e:
+        return train(args, rank, stopper)
+    except (ConfigError, DatasetError, DeviceError, CheckpointError, NonFiniteError) as e:
         log.error("%s", e)
         return 2
     finally:
+        stopper.restore()
         if rank.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -260,7 +264,7 @@ def apply_hardware_profile(cfg: PretrainConfig, device: torch.device, explicit: 
         log.info("hardware profile %s (%s): %s", name, reason, ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed")
 
 
-def train(args: argparse.Namespace, rank: Dist) -> int:
+def train(args: argparse.Namespace, rank: Dist, stopper: "GracefulStop") -> int:
     cfg = load_config(args.config_name, args.overrides)
     if rank.world_size > 1:  # every rank trains with rank 0's config
         box = [cfg]
@@ -279,7 +283,10 @@ def train(args: argparse.Namespace, rank: Dist) -> int:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
     local_batch_size = cfg.global_batch_size // rank.world_size
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
-    configure_backends(device)
+    configure_backends(device, cudnn_benchmark=not cfg.deterministic)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+        torch.use_deterministic_algorithms(True)
     torch.manual_seed(cfg.seed + rank.rank)
 
     ensure_dataset(cfg, rank)
@@ -311,8 +318,7 @@ def train(args: argparse.Namespace, rank: Dist) -> int:
     use_compile, compile_reason = compile_decision(device, cfg.compile)
     forward = compile_model(head, device=device) if use_compile else head
 
-    run_dir = Path(cfg.checkpoint_path or Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name)
-                   / (cfg.run_name or time.strftime("hrm-%Y%m%d-%H%M%S")))
+    run_dir = choose_run_dir(cfg)
     n_params = sum(p.numel() for p in head.model.parameters())
     attn, attn_reason = attention_backend(device, dtype)
     if rank.is_main:
@@ -328,39 +334,57 @@ def train(args: argparse.Namespace, rank: Dist) -> int:
         OmegaConf.save(to_dict(cfg), run_dir / "all_config.yaml")
     logger = MetricsLogger(run_dir) if rank.is_main else None
 
-    step = 0
-    carry = None
+    state = TrainState()
+    resume_path = resolve_resume(cfg.resume, run_dir)
+    if resume_path is not None:
+        restore_training(resume_path, head, optimizers, train_loader, state, rank, device)
+        if rank.is_main:
+            log.info("resumed from %s at step %d", resume_path, state.step)
+
     sums: dict[str, torch.Tensor] = {}
     examples_since_log = 0
     t_log = time.perf_counter()
-    bar = tqdm(total=total_steps, desc="train", unit="step", disable=not rank.is_main, dynamic_ncols=True)
+    bar = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", disable=not rank.is_main, dynamic_ncols=True)
     head.train()
-    for iteration in range(cfg.epochs // cfg.eval_interval):
+    total_iters = cfg.epochs // cfg.eval_interval
+    for iteration in range(train_loader.state_dict()["iteration"], total_iters):
         for _set_name, batch, _effective in train_loader:
-            if step >= total_steps:
+            if state.step >= total_steps:
                 break
             batch = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in batch.items()}
-            if carry is None:
-                carry = head.initial_carry(batch)
-            carry, loss, metrics, _, _ = forward(carry, batch)
+            if state.carry is None:
+                state.carry = head.initial_carry(batch)
+            state.carry, loss, metrics, _, _ = forward(state.carry, batch)
             (loss / cfg.global_batch_size).backward()
-            if rank.world_size > 1:
-                for p in head.model.parameters():
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad)
-            step += 1
-            lr_now = 0.0
-            for opt, base_lr in zip(optimizers, base_lrs):
-                lr_now = cosine_lr(step, base_lr, cfg.lr_warmup_steps, total_steps, cfg.lr_min_ratio)
-                for group in opt.param_groups:
-                    group["lr"] = lr_now
-                opt.step()
+            finite = all_reduce_grads_and_check(head, loss, rank)
+            state.step += 1
+            if finite:
+                state.nonfinite_in_a_row = 0
+                for opt, base_lr in zip(optimizers, base_lrs):
+                    for group in opt.param_groups:
+                        group["lr"] = cosine_lr(state.step, base_lr, cfg.lr_warmup_steps, total_steps, cfg.lr_min_ratio)
+                    opt.step()
+            else:
+                state.nonfinite_in_a_row += 1
+                state.nonfinite_total += 1
+                components = {k: float(v) for k, v in metrics.items() if k.endswith("loss")}
+                if rank.is_main:
+                    log.warning("step %d: non-finite loss or gradient (%s); skipped the update (%d in a row)",
+                                state.step, components, state.nonfinite_in_a_row)
+                if state.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
+                    raise NonFiniteError(
+                        f"stopping at step {state.step}: {state.nonfinite_in_a_row} non-finite steps in a row "
+                        f"(last loss components {components}). Try a lower lr (lr={cfg.lr} now), a longer "
+                        "lr_warmup_steps, forward_dtype=float32, or check the dataset for bad labels; "
+                        f"resume from the last good checkpoint in {run_dir}")
+            for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
 
             for k, v in metrics.items():
                 sums[k] = sums.get(k, 0) + v.detach().to(torch.float64)
-            examples_since_log += local_batch_size * rank.world_size
+            examples_since_log += cfg.global_batch_size
             bar.update(1)
+            step = state.step
             if step % cfg.log_interval == 0 or step == total_steps:
                 reduced = reduce_metrics(sums, rank)
                 if rank.is_main and reduced:
@@ -370,37 +394,198 @@ def train(args: argparse.Namespace, rank: Dist) -> int:
                              for k, v in reduced.items()}
                     elapsed = time.perf_counter() - t_log
                     point.update({"train/lr": cosine_lr(step, cfg.lr, cfg.lr_warmup_steps, total_steps, cfg.lr_min_ratio),
-                                  "train/examples_per_s": examples_since_log / elapsed})
+                                  "train/examples_per_s": examples_since_log / elapsed,
+                                  "train/nonfinite_steps": state.nonfinite_total})
                     logger.log(step, point)
                     bar.set_postfix(loss=f"{point['train/lm_loss']:.3f}", acc=f"{point['train/accuracy']:.3f}",
                                     ex_s=f"{point['train/examples_per_s']:.0f}")
                 sums, examples_since_log, t_log = {}, 0, time.perf_counter()
+            if stopper.requested(rank):
+                path = save_checkpoint(run_dir, head, optimizers, train_loader, state, cfg, rank)
+                bar.close()
+                if rank.is_main:
+                    log.info("stopped by %s after step %d; resume with: python pretrain.py --config-name=%s %s resume=%s",
+                             stopper.signal_name, state.step, args.config_name, " ".join(args.overrides), path or run_dir)
+                return 0
 
         metrics = evaluate(forward, head, eval_loader, device, rank, cfg.eval_max_examples)
         if rank.is_main:
-            logger.log(step, {f"eval/{k}": v for k, v in metrics.items()})
-            tqdm.write(f"step {step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-            if cfg.checkpoint_every_eval or iteration == cfg.epochs // cfg.eval_interval - 1:
-                save_checkpoint(run_dir, step, head, optimizers, cfg)
+            logger.log(state.step, {f"eval/{k}": v for k, v in metrics.items()})
+            tqdm.write(f"step {state.step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
+        if cfg.checkpoint_every_eval or iteration == total_iters - 1:
+            save_checkpoint(run_dir, head, optimizers, train_loader, state, cfg, rank)
     bar.close()
     if logger is not None:
         logger.close()
-        log.info("done: %d steps; checkpoints and metrics.jsonl in %s", step, run_dir)
+        log.info("done: %d steps; checkpoints and metrics.jsonl in %s", state.step, run_dir)
     return 0
 
 
-def save_checkpoint(run_dir: Path, step: int, head: ACTLossHead, optimizers: list[torch.optim.Optimizer],
-                    cfg: PretrainConfig, keep_last: int = 3) -> Path:
-    """Write ``run_dir/step_<step>.pt`` atomically: reference-format model weights plus both optimizer states."""
-    path = atomic_save({
-        "model": reference_state_dict(head),
-        "optimizers": [opt.state_dict() for opt in optimizers],
-        "step": step,
-        "config": to_dict(cfg),
-    }, run_dir / f"step_{step}.pt")
-    prune_checkpoints(run_dir, keep_last)
+def choose_run_dir(cfg: PretrainConfig) -> Path:
+    """``checkpoint_path`` if set; else the directory being resumed; else a new timestamped one."""
+    if cfg.checkpoint_path:
+        return Path(cfg.checkpoint_path)
+    if cfg.resume and cfg.resume != "auto":
+        return Path(cfg.resume) if Path(cfg.resume).is_dir() else Path(cfg.resume).parent
+    return Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name) / (
+        cfg.run_name or time.strftime("hrm-%Y%m%d-%H%M%S"))
+
+
+class NonFiniteError(RuntimeError):
+    """Too many optimizer steps in a row had a NaN/inf loss or gradient."""
+
+
+@dataclass
+class TrainState:
+    """What the loop carries between steps besides the model and optimizers."""
+
+    step: int = 0
+    carry: Any = None
+    nonfinite_in_a_row: int = 0
+    nonfinite_total: int = 0
+
+
+class GracefulStop:
+    """Turns SIGINT/SIGTERM into "finish this step, checkpoint, exit 0" (a second Ctrl-C aborts)."""
+
+    def __init__(self):
+        self.signal_name: Optional[str] = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore(self) -> None:
+        """Put back the handlers that were installed before."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, _frame):
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+
+    def requested(self, rank: Dist) -> bool:
+        """True on every rank once any rank got a signal."""
+        flag = torch.tensor([self.signal_name is not None], dtype=torch.int32)
+        if rank.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and self.signal_name is None:
+            self.signal_name = "a signal on another rank"
+        return bool(flag.item())
+
+
+def all_reduce_grads_and_check(head: ACTLossHead, loss: torch.Tensor, rank: Dist) -> bool:
+    """Sum gradients over ranks; return whether the loss and every gradient are finite on all ranks."""
+    grads = [p.grad for p in head.model.parameters() if p.grad is not None]
+    if rank.world_size > 1:
+        for g in grads:
+            dist.all_reduce(g)
+    emb_grad = head.model.puzzle_emb.local_weights.grad if head.model.config.puzzle_emb_ndim > 0 else None
+    checks = [loss.detach().reshape(1).float()]
+    if grads:
+        checks.append(torch.stack(torch._foreach_norm(grads)).float())
+    if emb_grad is not None:
+        checks.append(emb_grad.norm().reshape(1).float())
+    bad = (~torch.isfinite(torch.cat(checks))).any().to(torch.int32).reshape(1)
+    if rank.world_size > 1:
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return not bool(bad.item())
+
+
+def resolve_resume(resume: Optional[str], run_dir: Path) -> Optional[Path]:
+    """The checkpoint file ``resume`` names: a file, a run directory (its newest valid one), or ``auto``.
+
+    ``auto`` means the newest valid checkpoint in this run's directory, or a fresh start if there is none.
+
+    Raises:
+        CheckpointError: the file or directory does not exist or holds no valid checkpoint.
+    """
+    if not resume:
+        return None
+    target = run_dir if resume == "auto" else Path(resume)
+    if target.is_file():
+        return target
+    found = newest_valid_checkpoint(target)
+    if found is None:
+        if resume == "auto":
+            return None
+        raise CheckpointError(f"resume={resume}: no valid step_<N>.pt checkpoint there")
+    return found[0]
+
+
+def save_checkpoint(run_dir: Path, head: ACTLossHead, optimizers: list[torch.optim.Optimizer], loader: PuzzleDataset,
+                    state: TrainState, cfg: PretrainConfig, rank: Dist) -> Optional[Path]:
+    """Write ``run_dir/step_<N>.pt`` atomically (rank 0) with everything needed to resume exactly.
+
+    Holds the model in reference key format, both optimizer states, the step, the config, the
+    sampler position, and per rank the ACT carry and RNG states. A failed write is logged and
+    the previous checkpoint stays intact; returns None then.
+    """
+    carry = state.carry
+    per_rank = {
+        "rng": capture_rng_state(),
+        "carry": None if carry is None else {
+            "z_H": carry.inner_carry.z_H.cpu(), "z_L": carry.inner_carry.z_L.cpu(), "steps": carry.steps.cpu(),
+            "halted": carry.halted.cpu(), "current_data": {k: v.cpu() for k, v in carry.current_data.items()},
+        },
+    }
+    gathered = [None] * rank.world_size
+    if rank.world_size > 1:
+        dist.gather_object(per_rank, gathered if rank.is_main else None, dst=0)
+    else:
+        gathered = [per_rank]
+    if not rank.is_main:
+        return None
+    try:
+        path = atomic_save({
+            "model": reference_state_dict(head),
+            "optimizers": [opt.state_dict() for opt in optimizers],
+            "step": state.step,
+            "nonfinite_total": state.nonfinite_total,
+            "config": to_dict(cfg),
+            "train_loader": loader.state_dict(),
+            "ranks": gathered,
+        }, run_dir / f"step_{state.step}.pt")
+    except CheckpointError as e:
+        log.error("%s", e)
+        return None
+    prune_checkpoints(run_dir, cfg.keep_last_checkpoints)
     log.info("checkpoint: %s", path)
     return path
+
+
+def restore_training(path: Path, head: ACTLossHead, optimizers: list[torch.optim.Optimizer], loader: PuzzleDataset,
+                     state: TrainState, rank: Dist, device: torch.device) -> None:
+    """Load a :func:`save_checkpoint` file into the live objects so the run continues exactly.
+
+    Raises:
+        CheckpointError: the file is corrupt, unsafe, or lacks resume state (e.g. a bare weights file).
+        ConfigError: it comes from a different architecture.
+    """
+    payload = safe_load(path)
+    missing = {"model", "optimizers", "step", "train_loader", "ranks"} - set(payload)
+    if missing:
+        raise CheckpointError(f"{path} cannot be resumed from: it lacks {sorted(missing)} (a weights-only checkpoint?)")
+    load_model_weights(head, payload["model"], str(path))
+    if len(payload["optimizers"]) != len(optimizers):
+        raise ConfigError(f"{path} holds {len(payload['optimizers'])} optimizer states, this run has {len(optimizers)}")
+    for opt, opt_state in zip(optimizers, payload["optimizers"]):
+        opt.load_state_dict(opt_state)
+    loader.load_state_dict(payload["train_loader"])
+    state.step = int(payload["step"])
+    state.nonfinite_total = int(payload.get("nonfinite_total", 0))
+    ranks = payload["ranks"]
+    if len(ranks) != rank.world_size:
+        log.warning("%s was written by %d processes, this run has %d: the ACT carry and RNG states start fresh",
+                    path, len(ranks), rank.world_size)
+        return
+    mine = ranks[rank.rank]
+    restore_rng_state(mine["rng"])
+    saved = mine["carry"]
+    if saved is not None:
+        state.carry = Carry(
+            inner_carry=InnerCarry(saved["z_H"].to(device), saved["z_L"].to(device)),
+            steps=saved["steps"].to(device), halted=saved["halted"].to(device),
+            current_data={k: v.to(device) for k, v in saved["current_data"].items()},
+        )
 
 
 if __name__ == "__main__":

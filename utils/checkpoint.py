@@ -105,3 +105,40 @@ def newest_valid_checkpoint(directory: str | os.PathLike) -> tuple[Path, Any] | 
         except CheckpointError:
             continue
     return None
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG that affects a run (python, numpy, torch CPU and CUDA), as tensors and ints.
+
+    Plain tensors and ints keep the checkpoint loadable with ``weights_only=True``.
+    """
+    import random
+
+    import numpy as np
+
+    py_version, py_state, py_gauss = random.getstate()
+    np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    state = {
+        "python": {"version": py_version, "state": torch.tensor(py_state, dtype=torch.int64), "gauss": py_gauss},
+        "numpy": {"name": np_name, "keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "gauss": float(np_gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng_state`: put every RNG back where it was."""
+    import random
+
+    import numpy as np
+
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])

@@ -82,6 +82,10 @@ class PretrainConfig:
     run_name: Optional[str] = None
     checkpoint_path: Optional[str] = None
     log_interval: int = 10  # optimizer steps between metrics.jsonl/TensorBoard points
+    keep_last_checkpoints: int = 3  # 0 keeps all
+    resume: Optional[str] = None  # a step_<N>.pt, a run directory (its newest valid checkpoint), or auto
+    max_nonfinite_steps: int = 10  # stop after this many NaN/inf steps in a row
+    deterministic: bool = False  # torch.use_deterministic_algorithms: bitwise-reproducible runs (slower)
 
     device: str = "auto"
     # A hardware profile (auto, gpu_24gb, gpu_16gb, gpu_low_mem, apple_silicon, cpu) sets

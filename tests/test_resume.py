@@ -1,0 +1,199 @@
+"""Reliability of pretrain.py: bitwise resume after kill -9, graceful stop, atomic and safe checkpoints, NaN guard."""
+
+import json
+import logging
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import evaluate
+import pretrain
+from models.losses import ACTLossHead
+from models.sparse_embedding import SparseEmbeddingSignSGD
+from scripts.build_sudoku_dataset import build_dataset
+from utils import checkpoint as checkpoint_mod
+from utils.checkpoint import safe_load
+from utils.optimizer_utils import AdamATan2
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=3",
+        "arch.expansion=2", "global_batch_size=16", "epochs=4", "eval_interval=2", "log_interval=2",
+        "lr_warmup_steps=2", "forward_dtype=float32", "deterministic=true"]
+
+
+@pytest.fixture(scope="module")
+def sudoku_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "sudoku"
+    build_dataset(path, generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
+    return path
+
+
+def args(sudoku_dir, run_dir, *extra):
+    return ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", f"checkpoint_path={run_dir}", *TINY, *extra]
+
+
+def spawn(argv):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return subprocess.Popen([sys.executable, "pretrain.py", *argv], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before writing {path}:\n{proc.stdout.read()}")
+        if time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.05)
+
+
+def assert_same_training_state(a: Path, b: Path) -> None:
+    ca, cb = safe_load(a), safe_load(b)
+    assert ca["step"] == cb["step"]
+    for k, v in ca["model"].items():
+        assert torch.equal(v, cb["model"][k]), f"weights differ at {k}"
+    sa, sb = ca["optimizers"][0]["state"], cb["optimizers"][0]["state"]
+    for i in sa:
+        for k in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(sa[i][k], sb[i][k]), f"optimizer state {i}.{k} differs"
+
+
+def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path):
+    straight = spawn(args(sudoku_dir, tmp_path / "straight"))
+    killed = spawn(args(sudoku_dir, tmp_path / "killed"))
+    wait_for(tmp_path / "killed" / "step_8.pt", killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert straight.wait(timeout=300) == 0, straight.stdout.read()
+
+    resumed = spawn(args(sudoku_dir, tmp_path / "killed", "resume=auto"))
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+    assert "resumed from" in out and "step_8.pt" in out
+    assert_same_training_state(tmp_path / "straight" / "step_16.pt", tmp_path / "killed" / "step_16.pt")
+
+
+def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir, tmp_path):
+    run = tmp_path / "run"
+    proc = spawn(args(sudoku_dir, run, "epochs=40", "eval_interval=20"))
+    wait_for(run / "metrics.jsonl", proc)  # training has started
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "resume with: python pretrain.py" in out
+    ckpts = list(run.glob("step_*.pt"))
+    assert len(ckpts) == 1 and safe_load(ckpts[0])["train_loader"]["batch"] > 0  # mid-iteration position
+
+
+def test_resume_auto_skips_a_corrupt_newest_checkpoint_and_names_bad_files(sudoku_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    run = tmp_path / "run"
+    assert pretrain.main(args(sudoku_dir, run, "epochs=2", "eval_interval=2")) == 0
+    (run / "step_99.pt").write_bytes(b"PK\x03\x04 truncated")
+    assert pretrain.main(args(sudoku_dir, run, "resume=auto")) == 0
+    assert "resumed from" in caplog.text and "step_8.pt" in caplog.text
+    caplog.clear()
+    assert pretrain.main(args(sudoku_dir, tmp_path / "other", f"resume={run / 'step_99.pt'}")) == 2
+    assert "step_99.pt is truncated or corrupt" in caplog.text
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_checkpoint_needing_arbitrary_code_is_refused(sudoku_dir, tmp_path, caplog):
+    bad = tmp_path / "step_1.pt"
+    torch.save({"model": _Exploit()}, bad, pickle_module=pickle)
+    assert pretrain.main(args(sudoku_dir, tmp_path / "run", f"resume={bad}")) == 2
+    assert "refusing to load" in caplog.text
+    assert evaluate.main(["--checkpoint", str(bad)]) == 2
+
+
+def test_checkpoint_from_another_architecture_is_a_clear_error(sudoku_dir, tmp_path, caplog):
+    run = tmp_path / "run"
+    assert pretrain.main(args(sudoku_dir, run, "epochs=2", "eval_interval=2")) == 0
+    code = pretrain.main(args(sudoku_dir, tmp_path / "wide", "arch.hidden_size=64", f"resume={run / 'step_8.pt'}"))
+    assert code == 2
+    assert "does not fit this architecture" in caplog.text and "shape mismatches" in caplog.text
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(sudoku_dir, tmp_path, monkeypatch, caplog):
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def flaky_save(obj, f, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(checkpoint_mod.torch, "save", flaky_save)
+    run = tmp_path / "run"
+    assert pretrain.main(args(sudoku_dir, run)) == 0
+    assert "could not write checkpoint" in caplog.text and "No space left" in caplog.text
+    assert safe_load(run / "step_8.pt")["step"] == 8  # intact
+    assert not (run / "step_16.pt").exists() and not list(run.glob(".step_*"))  # no partial file left
+
+
+def _poison(monkeypatch, bad_calls):
+    """Make ACTLossHead return a NaN loss on the given (1-based) training calls."""
+    real_forward = ACTLossHead.forward
+    calls = {"n": 0}
+
+    def forward(self, carry, batch):
+        out = list(real_forward(self, carry, batch))
+        if self.training:
+            calls["n"] += 1
+            if bad_calls == "all" or calls["n"] in bad_calls:
+                out[1] = out[1] * float("nan")
+        return tuple(out)
+
+    monkeypatch.setattr(ACTLossHead, "forward", forward)
+
+
+def _count_steps(monkeypatch):
+    counts = {"adam": 0, "emb": 0}
+    real_adam, real_emb = AdamATan2.step, SparseEmbeddingSignSGD.step
+
+    def adam_step(self, *a, **kw):
+        counts["adam"] += 1
+        return real_adam(self, *a, **kw)
+
+    def emb_step(self, *a, **kw):
+        counts["emb"] += 1
+        return real_emb(self, *a, **kw)
+
+    monkeypatch.setattr(AdamATan2, "step", adam_step)
+    monkeypatch.setattr(SparseEmbeddingSignSGD, "step", emb_step)
+    return counts
+
+
+def test_nan_steps_are_skipped_counted_and_logged(sudoku_dir, tmp_path, monkeypatch, caplog):
+    _poison(monkeypatch, {3, 4})
+    counts = _count_steps(monkeypatch)
+    run = tmp_path / "run"
+    assert pretrain.main(args(sudoku_dir, run)) == 0
+    assert counts == {"adam": 14, "emb": 14}  # 16 steps, 2 skipped: neither optimizer ran on them
+    assert "step 3: non-finite loss or gradient" in caplog.text
+    points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert points[-2]["train/nonfinite_steps"] == 2
+    assert all(torch.isfinite(v).all() for v in safe_load(run / "step_16.pt")["model"].values() if v.is_floating_point())
+
+
+def test_too_many_nan_steps_in_a_row_stops_with_advice(sudoku_dir, tmp_path, monkeypatch, caplog):
+    _poison(monkeypatch, "all")
+    counts = _count_steps(monkeypatch)
+    assert pretrain.main(args(sudoku_dir, tmp_path / "run", "max_nonfinite_steps=3")) == 2
+    assert counts == {"adam": 0, "emb": 0}
+    assert "stopping at step 3: 3 non-finite steps in a row" in caplog.text and "Try a lower lr" in caplog.text
