@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts.build_sudoku_dataset import build_dataset
+from tests.conftest import make_sudoku
 from utils.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,9 +23,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="th
 
 @pytest.fixture(scope="module")
 def sudoku_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "sudoku"
-    build_dataset(path, generate=True, train_size=128, test_size=40, min_blanks=30, num_aug=1, seed=0)
-    return path
+    return make_sudoku(tmp_path_factory, 128, 40)
 
 
 def run(cmd, timeout=300):

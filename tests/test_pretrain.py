@@ -8,18 +8,12 @@ import torch
 
 import evaluate
 import pretrain
-from scripts.build_sudoku_dataset import build_dataset
 from utils.checkpoint import safe_load
 
 TINY_ARCH = ["arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=2",
              "arch.expansion=2"]
 
 
-@pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "sudoku"
-    build_dataset(path, generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
-    return path
 
 
 def run_pretrain(sudoku_dir, run_dir, *extra):

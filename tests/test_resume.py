@@ -17,7 +17,6 @@ import evaluate
 import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from scripts.build_sudoku_dataset import build_dataset
 from utils import checkpoint as checkpoint_mod
 from utils.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
@@ -28,11 +27,6 @@ TINY = ["arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_la
         "lr_warmup_steps=2", "forward_dtype=float32", "deterministic=true"]
 
 
-@pytest.fixture(scope="module")
-def sudoku_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "sudoku"
-    build_dataset(path, generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
-    return path
 
 
 def args(sudoku_dir, run_dir, *extra):
