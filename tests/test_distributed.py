@@ -14,7 +14,7 @@ from tests.conftest import make_sudoku
 from utils.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=3",
+TINY = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=3",
         "arch.expansion=2", "arch.halt_exploration_prob=0.0", "global_batch_size=32", "epochs=4", "eval_interval=2",
         "log_interval=2", "lr_warmup_steps=2", "forward_dtype=float32", "deterministic=true"]
 

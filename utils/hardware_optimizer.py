@@ -44,8 +44,10 @@ HARDWARE_PROFILES: dict[str, dict[str, Any]] = {
                         compile=False, gradient_checkpointing=True),
     "apple_silicon": dict(global_batch_size=256, batch_size=8, accumulation_steps=2, num_workers=2,
                           compile=False, gradient_checkpointing=False),
+    # compile pays off on CPU: it fuses the elementwise ops that dominate small models there
+    # (a small HRM's step ran 3.7x faster compiled than eager on a 2-core AVX512-BF16 machine).
     "cpu": dict(global_batch_size=64, batch_size=2, accumulation_steps=8, num_workers=2,
-                compile=False, gradient_checkpointing=False),
+                compile=True, gradient_checkpointing=False),
 }
 
 PROFILE_DESCRIPTIONS = {
