@@ -165,6 +165,10 @@ def test_bad_inputs_give_one_line_errors(data_root, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert trainer.main(flags + ["--data_root", str(data_root), "--device", "cuda:7"]) == 2
     assert "error: device='cuda:7'" in capsys.readouterr().err
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / "last.pt").write_bytes(b"")  # a finished run is never overwritten silently
+    assert trainer.main(flags + ["--data_root", str(data_root)]) == 2
+    assert "already holds a run; continue it with --resume" in capsys.readouterr().err
 
 
 def test_ten_nonfinite_steps_in_a_row_stop_training(monkeypatch, data_root, tmp_path, capsys):
