@@ -287,7 +287,6 @@ def train(args: argparse.Namespace, rank: Dist, stopper: "GracefulStop") -> int:
     if cfg.deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
         torch.use_deterministic_algorithms(True)
-    torch.manual_seed(cfg.seed + rank.rank)
 
     ensure_dataset(cfg, rank)
     metadata = load_metadata(cfg.data_path, "train")
