@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
 from omegaconf import OmegaConf
 
 from pretrain import Dist, build_model, evaluate, load_model_weights

@@ -13,11 +13,9 @@ evaluated on the test split and checkpointed.
 import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
 
 import argparse
-import json
 import logging
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -28,7 +26,6 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from models.hrm.hrm_act_v1 import Carry, HierarchicalReasoningModel_ACTV1, InnerCarry, strip_reference_prefix
@@ -41,6 +38,7 @@ from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.config import ConfigError, PretrainConfig, load_config, to_dict, valid_keys
 from utils.device import DeviceError, compile_decision, configure_backends, describe, select_device, select_dtype
 from utils.optimizer_utils import get_adam_atan2_optimizer
+from utils.training import GracefulStop, MetricsLogger
 from utils.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
 
 log = logging.getLogger("pretrain")
@@ -202,25 +200,6 @@ def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[s
     return dict(zip(keys, stacked.cpu().tolist()))
 
 
-class MetricsLogger:
-    """``metrics.jsonl`` (one JSON object per log point) plus TensorBoard, both under the run directory."""
-
-    def __init__(self, run_dir: Path):
-        run_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
-
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-        self.jsonl.flush()
-        for k, v in metrics.items():
-            self.tb.add_scalar(k, v, step)
-
-    def close(self) -> None:
-        self.jsonl.close()
-        self.tb.close()
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train HRM on a puzzle dataset. Settings come from config/<NAME>.yaml and key=value overrides.",
@@ -239,14 +218,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     rank = init_distributed()
     logging.basicConfig(level=logging.INFO if rank.is_main else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    stopper = GracefulStop()
     try:
-        return train(args, rank, stopper)
+        with GracefulStop() as stopper:
+            return train(args, rank, stopper)
     except (ConfigError, DatasetError, DeviceError, CheckpointError, NonFiniteError) as e:
         log.error("%s", e)
         return 2
     finally:
-        stopper.restore()
         if rank.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -264,7 +242,7 @@ def apply_hardware_profile(cfg: PretrainConfig, device: torch.device, explicit: 
         log.info("hardware profile %s (%s): %s", name, reason, ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed")
 
 
-def train(args: argparse.Namespace, rank: Dist, stopper: "GracefulStop") -> int:
+def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
     cfg = load_config(args.config_name, args.overrides)
     if rank.world_size > 1:  # every rank trains with rank 0's config
         box = [cfg]
@@ -399,12 +377,12 @@ def train(args: argparse.Namespace, rank: Dist, stopper: "GracefulStop") -> int:
                     bar.set_postfix(loss=f"{point['train/lm_loss']:.3f}", acc=f"{point['train/accuracy']:.3f}",
                                     ex_s=f"{point['train/examples_per_s']:.0f}")
                 sums, examples_since_log, t_log = {}, 0, time.perf_counter()
-            if stopper.requested(rank):
+            if stop_requested(stopper, rank):
                 path = save_checkpoint(run_dir, head, optimizers, train_loader, state, cfg, rank)
                 bar.close()
                 if rank.is_main:
                     log.info("stopped by %s after step %d; resume with: python pretrain.py --config-name=%s %s resume=%s",
-                             stopper.signal_name, state.step, args.config_name, " ".join(args.overrides), path or run_dir)
+                             stopper.signal_name or "a signal on another rank", state.step, args.config_name, " ".join(args.overrides), path or run_dir)
                 return 0
 
         metrics = evaluate(forward, head, eval_loader, device, rank, cfg.eval_max_examples)
@@ -444,31 +422,12 @@ class TrainState:
     nonfinite_total: int = 0
 
 
-class GracefulStop:
-    """Turns SIGINT/SIGTERM into "finish this step, checkpoint, exit 0" (a second Ctrl-C aborts)."""
-
-    def __init__(self):
-        self.signal_name: Optional[str] = None
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def restore(self) -> None:
-        """Put back the handlers that were installed before."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, _frame):
-        if self.signal_name is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-
-    def requested(self, rank: Dist) -> bool:
-        """True on every rank once any rank got a signal."""
-        flag = torch.tensor([self.signal_name is not None], dtype=torch.int32)
-        if rank.world_size > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item() and self.signal_name is None:
-            self.signal_name = "a signal on another rank"
-        return bool(flag.item())
+def stop_requested(stopper: GracefulStop, rank: Dist) -> bool:
+    """True on every rank once any rank got SIGINT/SIGTERM (a rank alone must not stop: peers would hang)."""
+    flag = torch.tensor([stopper.requested], dtype=torch.int32)
+    if rank.world_size > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def all_reduce_grads_and_check(head: ACTLossHead, loss: torch.Tensor, rank: Dist) -> bool:

@@ -12,11 +12,9 @@ Outputs in ``--output_dir``: ``last.pt``, ``best.pt``, ``metrics.jsonl`` and Ten
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shlex
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -28,10 +26,11 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from models.cape import CapeConfig, CapeModel, cape_loss, load_backbone_weights, supervised_mask
-from utils.checkpoint import CheckpointError, atomic_save, safe_load
+from utils.checkpoint import CheckpointError, atomic_save, capture_rng_state, restore_rng_state, safe_load
 from utils.device import DeviceError, bf16_support, configure_backends, describe, select_device
 from utils.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError, collate_episodes, load_mp100)
 from utils.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask
+from utils.training import GracefulStop, MetricsLogger
 
 MAX_NONFINITE_IN_A_ROW = 10
 # Used when utils.hardware_optimizer has no profile for a knob: (batch_size, accumulation_steps, num_workers).
@@ -211,54 +210,6 @@ def evaluate(model: CapeModel, loader: DataLoader, amp: AmpPolicy, device: torch
     return {"PCK@0.2": acc.value(), "copy_support_PCK@0.2": base.value(), "queries": acc.queries}
 
 
-class MetricsLog:
-    """Appends one JSON object per log point to ``metrics.jsonl`` and mirrors scalars to TensorBoard."""
-
-    def __init__(self, output_dir: Path):
-        self.output_dir = output_dir
-
-    def __enter__(self) -> "MetricsLog":
-        from torch.utils.tensorboard import SummaryWriter  # slow import: only when training
-
-        self.file = open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self.tb = SummaryWriter(str(self.output_dir / "tb"))
-        return self
-
-    def log(self, step: int, values: dict[str, float]) -> None:
-        self.file.write(json.dumps({"step": step, **values}) + "\n")
-        self.file.flush()
-        for k, v in values.items():
-            self.tb.add_scalar(k, v, step)
-
-    def __exit__(self, *exc) -> None:
-        self.file.close()
-        self.tb.close()
-
-
-class StopFlag:
-    """Within ``with``, the first SIGINT/SIGTERM becomes a request to stop after the current step
-    (a second SIGINT interrupts at once); the previous handlers come back on exit."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def __enter__(self) -> "StopFlag":
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handle(self, signum, frame):
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.requested = True
-        tqdm.write(f"{signal.Signals(signum).name} received: finishing this step, then checkpointing (Ctrl-C again to abort)")
-
-
 def resume_command(checkpoint: Path) -> str:
     argv = sys.argv[1:]
     kept, skip = [], False
@@ -278,8 +229,7 @@ def save_checkpoint(path: Path, model, optimizer, scaler, scheduler, state: dict
     atomic_save({
         "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "torch_rng": torch.get_rng_state(),
-        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "rng": capture_rng_state(),
         "model_config": asdict(cfg), "args": {k: v for k, v in vars(args).items()}, **state,
     }, path)
 
@@ -305,9 +255,7 @@ def load_resume_state(path: Path, model, optimizer, scheduler, scaler, cfg: Cape
         scheduler.load_state_dict(ckpt["scheduler"])
         if scaler is not None and ckpt["scaler"] is not None:
             scaler.load_state_dict(ckpt["scaler"])
-        torch.set_rng_state(ckpt["torch_rng"].cpu())
-        if ckpt["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([s.cpu() for s in ckpt["cuda_rng"]])
+        restore_rng_state(ckpt["rng"])
         return {k: ckpt[k] for k in ("epoch", "episode", "step", "best_val_pck")}
     except KeyError as e:
         raise CheckpointError(f"{path} lacks {e}; it was not written by models.train_cape_episodic") from e
@@ -383,7 +331,7 @@ def train(args: argparse.Namespace) -> int:
     nonfinite_in_a_row = skipped_total = 0
     t_start = time.time()
     model.train()
-    with MetricsLog(output_dir) as metrics, StopFlag() as stop:
+    with MetricsLogger(output_dir, tensorboard_subdir="tb") as metrics, GracefulStop() as stop:
         for epoch in range(state["epoch"], args.epochs):
             state["epoch"] = epoch
             train_ds.set_epoch(epoch, start=state["episode"])

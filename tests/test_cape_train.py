@@ -137,7 +137,7 @@ def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsy
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "2", "--episodes_per_epoch", "3",
                           "--no-use_amp"]
     # A SIGTERM during the first step: the trainer finishes it, checkpoints and exits 0 with a resume line.
-    monkeypatch.setattr(trainer.StopFlag, "__enter__", lambda self: (setattr(self, "requested", True), self)[1])
+    monkeypatch.setattr(trainer.GracefulStop, "__enter__", lambda self: (setattr(self, "signal_name", "SIGTERM"), self)[1])
     assert trainer.main(flags) == 0
     assert "resume with:" in capsys.readouterr().out
     ckpt = safe_load(out / "last.pt")

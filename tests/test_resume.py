@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 import evaluate
