@@ -1,7 +1,12 @@
 """The episodic CAPE trainer (models/train_cape_episodic.py): AMP policy, GradScaler path, skips, resume, end to end."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -193,3 +198,39 @@ def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, data_root, tmp_pat
                           "--episodes_per_epoch", "1", "--cudnn_deterministic"]
     assert trainer.main(flags) == 1
     assert calls == [(True, True)] and backends == [False]
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_is_bitwise_identical(data_root, tmp_path):
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+    def spawn(out, *extra):
+        flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "2",
+                              "--episodes_per_epoch", "4", "--no-use_amp", "--cudnn_deterministic", *extra]
+        return subprocess.Popen([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=root, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    straight = spawn(tmp_path / "straight")
+    killed = spawn(tmp_path / "killed")
+    last = tmp_path / "killed" / "last.pt"
+    deadline = time.time() + 240
+    while not last.exists():  # the first checkpoint is written at the end of epoch 1
+        assert killed.poll() is None, killed.stdout.read()
+        assert time.time() < deadline, "no checkpoint within 240 s"
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert safe_load(last)["epoch"] == 1
+    assert straight.wait(timeout=300) == 0, straight.stdout.read()
+    resumed = spawn(tmp_path / "killed", "--resume", str(last))
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out
+
+    a, b = safe_load(tmp_path / "straight" / "last.pt"), safe_load(last)
+    assert a["step"] == b["step"] == 8
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), f"weights differ at {k}"
+    for i, s in a["optimizer"]["state"].items():
+        for k, v in s.items():
+            assert torch.equal(v, b["optimizer"]["state"][i][k]), f"optimizer state {i}.{k} differs"
