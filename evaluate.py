@@ -18,8 +18,9 @@ from typing import Optional
 
 from omegaconf import OmegaConf
 
-from pretrain import Dist, build_model, evaluate, load_model_weights
+from pretrain import build_model, evaluate, load_model_weights
 from utils.checkpoint import CheckpointError, safe_load
+from utils.distributed import Dist
 from utils.config import ConfigError, PretrainConfig, valid_keys
 from utils.device import DeviceError, select_device, select_dtype
 from utils.puzzle_dataset import DatasetError, PuzzleDataset, load_metadata

@@ -19,7 +19,6 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Optional
 
@@ -38,6 +37,7 @@ from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.config import ConfigError, PretrainConfig, load_config, to_dict, valid_keys
 from utils.device import DeviceError, compile_decision, configure_backends, describe, select_device, select_dtype
 from utils.optimizer_utils import get_adam_atan2_optimizer
+from utils.distributed import Dist, any_rank, init_distributed
 from utils.training import GracefulStop, MetricsLogger
 from utils.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
 
@@ -57,32 +57,6 @@ def cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int, mi
         return base_lr * step / max(1, warmup_steps)
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return base_lr * (min_ratio + max(0.0, (1 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))))
-
-
-@dataclass
-class Dist:
-    """This process's place in a ``torchrun`` job (rank 0 of 1 when run plainly)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def init_distributed() -> Dist:
-    """Join the torchrun job if there is one: NCCL when every rank has a GPU, gloo otherwise."""
-    if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return Dist()
-    local_rank = int(os.environ["LOCAL_RANK"])
-    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    # A timeout turns a crashed peer into an error on the survivors instead of a hang.
-    dist.init_process_group(backend=backend, timeout=timedelta(minutes=int(os.environ.get("HRM_DIST_TIMEOUT_MIN", "10"))))
-    return Dist(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
 def ensure_dataset(cfg: PretrainConfig, rank: Dist) -> None:
@@ -248,7 +222,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
         box = [cfg]
         dist.broadcast_object_list(box, src=0)
         cfg = box[0]
-    if rank.world_size > 1 and dist.get_backend() == "nccl":
+    if rank.uses_nccl:
         device_choice = select_device(f"cuda:{rank.local_rank}")
     else:
         device_choice = select_device(cfg.device)
@@ -377,7 +351,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                     bar.set_postfix(loss=f"{point['train/lm_loss']:.3f}", acc=f"{point['train/accuracy']:.3f}",
                                     ex_s=f"{point['train/examples_per_s']:.0f}")
                 sums, examples_since_log, t_log = {}, 0, time.perf_counter()
-            if stop_requested(stopper, rank):
+            if any_rank(stopper.requested, rank):
                 path = save_checkpoint(run_dir, head, optimizers, train_loader, state, cfg, rank)
                 bar.close()
                 if rank.is_main:
@@ -420,14 +394,6 @@ class TrainState:
     carry: Any = None
     nonfinite_in_a_row: int = 0
     nonfinite_total: int = 0
-
-
-def stop_requested(stopper: GracefulStop, rank: Dist) -> bool:
-    """True on every rank once any rank got SIGINT/SIGTERM (a rank alone must not stop: peers would hang)."""
-    flag = torch.tensor([stopper.requested], dtype=torch.int32)
-    if rank.world_size > 1:
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
 
 
 def all_reduce_grads_and_check(head: ACTLossHead, loss: torch.Tensor, rank: Dist) -> bool:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import utils  # noqa: F401  (sets the MPS fallback env before torch loads)
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
@@ -30,6 +32,7 @@ from utils.checkpoint import CheckpointError, atomic_save, capture_rng_state, re
 from utils.device import DeviceError, bf16_support, configure_backends, describe, select_device
 from utils.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError, collate_episodes, load_mp100)
 from utils.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask
+from utils.distributed import Dist, any_rank, init_distributed
 from utils.training import GracefulStop, MetricsLogger
 
 MAX_NONFINITE_IN_A_ROW = 10
@@ -152,12 +155,13 @@ def run_model(model: CapeModel, batch: dict[str, torch.Tensor], amp: AmpPolicy, 
 
 def train_step(model: CapeModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
                micro_batches: list[dict[str, torch.Tensor]], amp: AmpPolicy, device: torch.device,
-               clip_max_norm: float, heatmap_weight: float) -> dict[str, float] | None:
+               clip_max_norm: float, heatmap_weight: float, rank: Dist = Dist()) -> dict[str, float] | None:
     """One optimizer step over ``micro_batches`` (host tensors from :func:`collate_episodes`; gradient
     accumulation, one micro-batch on the device at a time). Returns the mean loss parts, or None when
     the loss or the gradient norm was not finite (the step is skipped, weights untouched).
 
     fp16 gradients are unscaled before clipping, so ``clip_max_norm`` applies to the true gradient.
+    Under torchrun ``model`` is the DDP wrapper: gradients are averaged across ranks in backward.
     """
     optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
@@ -166,7 +170,7 @@ def train_step(model: CapeModel, optimizer: torch.optim.Optimizer, scaler: torch
         out = run_model(model, batch, amp, device)
         mask = supervised_mask(batch["query_visible"], batch["support_visible"], batch["keypoint_mask"])
         loss, parts = cape_loss(out, batch["query_keypoints"], mask, heatmap_weight)
-        if not torch.isfinite(loss):
+        if any_rank(not torch.isfinite(loss).item(), rank):  # every rank skips, or DDP's all-reduce would hang
             optimizer.zero_grad(set_to_none=True)
             return None
         scaled = loss / len(micro_batches)
@@ -261,13 +265,14 @@ def load_resume_state(path: Path, model, optimizer, scheduler, scaler, cfg: Cape
         raise CheckpointError(f"{path} lacks {e}; it was not written by models.train_cape_episodic") from e
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, rank: Dist) -> int:
     """The whole run: setup, epochs of episodic training with validation, then the test. Returns the exit code.
 
     Raises:
         DeviceError, MP100FormatError, CheckpointError: bad --device, data or checkpoint (main prints them).
     """
-    device = select_device(args.device).device
+    device = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else args.device).device
+    say = print if rank.is_main else (lambda *a, **k: None)  # only rank 0 talks, logs and writes
     hardware_note = apply_hardware_profile(args, device)
     if args.cudnn_deterministic:
         args.cudnn_benchmark = False
@@ -277,14 +282,14 @@ def train(args: argparse.Namespace) -> int:
     configure_backends(device, cudnn_benchmark=args.cudnn_benchmark)
     torch.manual_seed(args.seed)
     amp = amp_policy(device, args.use_amp)
-    print(f"device: {device} ({describe(device)})")
-    print(f"AMP: {amp.reason}; cudnn.benchmark: {'on' if device.type == 'cuda' and args.cudnn_benchmark else 'off'}"
+    say(f"device: {device} ({describe(device)})")
+    say(f"AMP: {amp.reason}; cudnn.benchmark: {'on' if device.type == 'cuda' and args.cudnn_benchmark else 'off'}"
           f"{'; deterministic algorithms' if args.cudnn_deterministic else ''}")
-    print(hardware_note)
+    say(hardware_note)
 
     splits = load_mp100(args.data_root, args.split)
     samplers = {s: EpisodeSampler(splits[s], args.shots, args.queries if s == "train" else args.eval_queries) for s in splits}
-    print(f"data: {args.data_root} split {args.split}: " + ", ".join(
+    say(f"data: {args.data_root} split {args.split}: " + ", ".join(
         f"{s} {len(samplers[s].category_ids)} categories / {sum(len(splits[s].instances[c]) for c in samplers[s].category_ids)} instances"
         for s in splits))
 
@@ -292,12 +297,15 @@ def train(args: argparse.Namespace) -> int:
     model = CapeModel(cfg)
     if args.backbone_weights:
         load_backbone_weights(model.backbone, args.backbone_weights)
-        print(f"backbone weights: {args.backbone_weights}")
+        say(f"backbone weights: {args.backbone_weights}")
     model.to(device)
     if device.type != "mps":  # NHWC convs are faster with cuDNN and oneDNN; MPS support is patchy
         model.to(memory_format=torch.channels_last)
-    print(f"model: {args.backbone}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
+    say(f"model: {args.backbone}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
 
+    trained = model
+    if rank.world_size > 1:
+        trained = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     episodes_per_step = args.batch_size * args.accumulation_steps
     steps_per_epoch = max(1, args.episodes_per_epoch // episodes_per_step)
@@ -315,15 +323,18 @@ def train(args: argparse.Namespace) -> int:
     if args.resume:
         path = Path(args.resume) / "last.pt" if Path(args.resume).is_dir() else Path(args.resume)
         state = load_resume_state(path, model, optimizer, scheduler, scaler, cfg, device)
-        print(f"resumed from {path}: epoch {state['epoch']}, episode {state['episode']}, step {state['step']}")
+        say(f"resumed from {path}: epoch {state['epoch']}, episode {state['episode']}, step {state['step']}")
 
     def checkpoint(name: str) -> Path:
         path = output_dir / name
-        save_checkpoint(path, model, optimizer, scaler, scheduler, state, args, cfg)
+        if rank.is_main:
+            save_checkpoint(path, model, optimizer, scaler, scheduler, state, args, cfg)
+        if rank.world_size > 1:
+            dist.barrier()  # the others may read it next (best.pt before the test)
         return path
 
     train_ds = EpisodeDataset(splits["train"], samplers["train"], args.image_size, Augmentation(), args.seed,
-                              num_episodes=steps_per_epoch * episodes_per_step)
+                              num_episodes=steps_per_epoch * episodes_per_step, rank=rank.rank, world_size=rank.world_size)
     eval_loaders = {
         s: make_loader(EpisodeDataset(splits[s], samplers[s], args.image_size, None,
                                       fixed=samplers[s].fixed_episodes(n, args.eval_seed)), args.batch_size, args.num_workers, device)
@@ -331,18 +342,19 @@ def train(args: argparse.Namespace) -> int:
     nonfinite_in_a_row = skipped_total = 0
     t_start = time.time()
     model.train()
-    with MetricsLogger(output_dir, tensorboard_subdir="tb") as metrics, GracefulStop() as stop:
+    with MetricsLogger(output_dir, tensorboard_subdir="tb", enabled=rank.is_main) as metrics, GracefulStop() as stop:
         for epoch in range(state["epoch"], args.epochs):
             state["epoch"] = epoch
             train_ds.set_epoch(epoch, start=state["episode"])
             micro, window = [], {}
             bar = tqdm(make_loader(train_ds, args.batch_size, args.num_workers, device), desc=f"epoch {epoch + 1}/{args.epochs}",
-                       dynamic_ncols=True, initial=state["episode"] // args.batch_size, total=steps_per_epoch * args.accumulation_steps)
+                       dynamic_ncols=True, initial=state["episode"] // args.batch_size, total=steps_per_epoch * args.accumulation_steps,
+                       disable=not rank.is_main)
             for batch in bar:
                 micro.append(batch)
                 if len(micro) < args.accumulation_steps:
                     continue
-                parts = train_step(model, optimizer, scaler, micro, amp, device, args.clip_max_norm, args.heatmap_weight)
+                parts = train_step(trained, optimizer, scaler, micro, amp, device, args.clip_max_norm, args.heatmap_weight, rank)
                 micro = []
                 state["episode"] += episodes_per_step
                 if parts is None:
@@ -351,7 +363,7 @@ def train(args: argparse.Namespace) -> int:
                     tqdm.write(f"step {state['step']}: non-finite loss or gradient, step skipped "
                                f"({nonfinite_in_a_row} in a row, {skipped_total} in all)")
                     if nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
-                        print(f"error: {MAX_NONFINITE_IN_A_ROW} non-finite steps in a row; training diverged. "
+                        say(f"error: {MAX_NONFINITE_IN_A_ROW} non-finite steps in a row; training diverged. "
                               "Lower --lr, keep --clip_max_norm > 0, or try --no-use_amp", file=sys.stderr)
                         return 1
                     continue
@@ -368,9 +380,9 @@ def train(args: argparse.Namespace) -> int:
                     metrics.log(state["step"], values)
                     bar.set_postfix(loss=f"{values['train/loss']:.4f}", lr=f"{values['train/lr']:.2e}")
                     window = {}
-                if stop.requested:
+                if any_rank(stop.requested, rank):
                     path = checkpoint("last.pt")
-                    print(f"stopped at step {state['step']}; checkpoint {path}\nresume with: {resume_command(path)}")
+                    say(f"stopped at step {state['step']}; checkpoint {path}\nresume with: {resume_command(path)}")
                     return 0
             bar.close()
 
@@ -384,10 +396,10 @@ def train(args: argparse.Namespace) -> int:
             checkpoint("last.pt")
             if improved:
                 checkpoint("best.pt")
-            print(f"epoch {epoch + 1}: val PCK@0.2 {val['PCK@0.2']:.2f} (copy-support {val['copy_support_PCK@0.2']:.2f}, "
+            say(f"epoch {epoch + 1}: val PCK@0.2 {val['PCK@0.2']:.2f} (copy-support {val['copy_support_PCK@0.2']:.2f}, "
                   f"{val['queries']} queries){' new best' if improved else ''}; {time.time() - t_start:.0f}s elapsed")
-            if stop.requested:
-                print(f"stopped after epoch {epoch + 1}\nresume with: {resume_command(output_dir / 'last.pt')}")
+            if any_rank(stop.requested, rank):
+                say(f"stopped after epoch {epoch + 1}\nresume with: {resume_command(output_dir / 'last.pt')}")
                 return 0
 
         best = output_dir / "best.pt"
@@ -395,18 +407,22 @@ def train(args: argparse.Namespace) -> int:
             model.load_state_dict(safe_load(best, map_location=device)["model"])
         test = evaluate(model, eval_loaders["test"], amp, device, args.image_size, "test")
         metrics.log(state["step"], {"test/PCK@0.2": test["PCK@0.2"], "test/copy_support_PCK@0.2": test["copy_support_PCK@0.2"]})
-    print(f"test (unseen categories, {test['queries']} queries, best val checkpoint): PCK@0.2 {test['PCK@0.2']:.2f}, "
+    say(f"test (unseen categories, {test['queries']} queries, best val checkpoint): PCK@0.2 {test['PCK@0.2']:.2f}, "
           f"copy-support baseline {test['copy_support_PCK@0.2']:.2f}; {time.time() - t_start:.0f}s in all")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    rank = init_distributed()
     try:
-        return train(args)
+        return train(args, rank)
     except (DeviceError, MP100FormatError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if rank.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -234,3 +234,31 @@ def test_kill_9_then_resume_is_bitwise_identical(data_root, tmp_path):
     for i, s in a["optimizer"]["state"].items():
         for k, v in s.items():
             assert torch.equal(v, b["optimizer"]["state"][i][k]), f"optimizer state {i}.{k} differs"
+
+
+def test_ranks_partition_the_single_process_episode_stream(data_root):
+    train = load_mp100(data_root, 1)["train"]
+    sampler = EpisodeSampler(train, 1, 2)
+    single = EpisodeDataset(train, sampler, 64, Augmentation(), seed=3, num_episodes=6)
+    ranks = [EpisodeDataset(train, sampler, 64, Augmentation(), seed=3, num_episodes=3, rank=r, world_size=2) for r in (0, 1)]
+    for i in range(3):
+        for r in (0, 1):
+            a, b = single[2 * i + r], ranks[r][i]
+            assert a["category_id"] == b["category_id"] and (a["query_image"] == b["query_image"]).all()
+
+
+@pytest.mark.slow
+def test_two_process_torchrun_smoke(data_root, tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HRM_DIST_TIMEOUT_MIN="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "localhost:0", "-m", "models.train_cape_episodic", *TINY_FLAGS, "--data_root", str(data_root),
+           "--output_dir", str(out), "--epochs", "2", "--episodes_per_epoch", "4"]
+    result = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("epoch 2: val PCK@0.2") == 1  # rank 0 alone reports
+    metrics = read_metrics(out / "metrics.jsonl")
+    train_steps = [m["step"] for m in metrics if "train/loss" in m]
+    assert train_steps == sorted(set(train_steps)) == list(range(1, 9))  # no duplicate lines from rank 1
+    assert metrics[-1]["test/PCK@0.2"] >= 0 and safe_load(out / "last.pt")["step"] == 8

@@ -295,8 +295,12 @@ class EpisodeDataset(Dataset):
     """
 
     def __init__(self, split: MP100Split, sampler: EpisodeSampler, image_size: int, augment: Augmentation | None,
-                 seed: int = 0, num_episodes: int = 0, fixed: list[Episode] | None = None):
+                 seed: int = 0, num_episodes: int = 0, fixed: list[Episode] | None = None, rank: int = 0,
+                 world_size: int = 1):
         self.split, self.sampler, self.image_size, self.augment, self.seed = split, sampler, image_size, augment, seed
+        # Under torchrun, rank r serves episodes r, r + W, r + 2W, ... of the one seeded stream,
+        # so the ranks partition exactly the episodes a single process would draw.
+        self.rank, self.world_size = rank, world_size
         self.fixed, self.num_episodes = fixed, num_episodes
         self.epoch, self.start = 0, 0
 
@@ -308,7 +312,7 @@ class EpisodeDataset(Dataset):
         return len(self.fixed) if self.fixed is not None else self.num_episodes - self.start
 
     def __getitem__(self, i: int) -> dict:
-        rng = np.random.default_rng([self.seed, self.epoch, self.start + i])
+        rng = np.random.default_rng([self.seed, self.epoch, (self.start + i) * self.world_size + self.rank])
         ep = self.fixed[i] if self.fixed is not None else self.sampler.sample(rng)
         insts = self.split.instances[ep.category_id]
         sup = [load_instance(insts[j], self.image_size, self.augment, rng) for j in ep.support]

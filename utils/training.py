@@ -13,10 +13,14 @@ from tqdm import tqdm
 class MetricsLogger:
     """Appends one JSON object per log point to ``<run_dir>/metrics.jsonl`` and mirrors scalars to TensorBoard.
 
-    Use as a context manager, or call :meth:`close`.
+    Use as a context manager, or call :meth:`close`. With ``enabled=False`` (ranks other than 0
+    under torchrun) it writes nothing.
     """
 
-    def __init__(self, run_dir: str | Path, tensorboard_subdir: str = "tensorboard"):
+    def __init__(self, run_dir: str | Path, tensorboard_subdir: str = "tensorboard", enabled: bool = True):
+        self.enabled = enabled
+        if not enabled:
+            return
         from torch.utils.tensorboard import SummaryWriter  # slow import: only once a run starts
 
         run_dir = Path(run_dir)
@@ -26,12 +30,16 @@ class MetricsLogger:
 
     def log(self, step: int, values: dict[str, float]) -> None:
         """Write ``{"step": step, **values}`` as one line and each value as a TensorBoard scalar."""
+        if not self.enabled:
+            return
         self.jsonl.write(json.dumps({"step": step, **values}) + "\n")
         self.jsonl.flush()
         for k, v in values.items():
             self.tb.add_scalar(k, v, step)
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self.jsonl.close()
         self.tb.close()
 

@@ -1,0 +1,51 @@
+"""torchrun helpers shared by both trainers: join the job, and agree on a flag across ranks."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Dist:
+    """This process's place in a ``torchrun`` job (rank 0 of 1 when run plainly)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def uses_nccl(self) -> bool:
+        return self.world_size > 1 and dist.get_backend() == "nccl"
+
+
+def init_distributed() -> Dist:
+    """Join the torchrun job if there is one: NCCL when every rank has a GPU, gloo otherwise.
+
+    Collectives time out after ``HRM_DIST_TIMEOUT_MIN`` minutes (default 10), so a crashed peer
+    becomes an error on the survivors instead of a hang.
+    """
+    if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return Dist()
+    local_rank = int(os.environ["LOCAL_RANK"])
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=int(os.environ.get("HRM_DIST_TIMEOUT_MIN", "10"))))
+    return Dist(dist.get_rank(), dist.get_world_size(), local_rank)
+
+
+def any_rank(flag: bool, rank: Dist) -> bool:
+    """True on every rank when ``flag`` is true on at least one (a rank must never act alone: peers would hang)."""
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    if rank.world_size > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
