@@ -194,7 +194,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     try:
         with GracefulStop() as stopper:
-            return train(args, rank, stopper)
+            code = train(args, rank, stopper)
+        if rank.world_size > 1:
+            dist.barrier()  # leave together: a rank that exits while rank 0 still writes aborts in gloo's teardown
+        return code
     except (ConfigError, DatasetError, DeviceError, CheckpointError, NonFiniteError) as e:
         log.error("%s", e)
         return 2

@@ -416,7 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank = init_distributed()
     try:
-        return train(args, rank)
+        code = train(args, rank)
+        if rank.world_size > 1:
+            dist.barrier()  # leave together: a rank that exits while rank 0 still writes aborts in gloo's teardown
+        return code
     except (DeviceError, MP100FormatError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
