@@ -2,9 +2,11 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,34 @@ def test_global_batch_must_divide_by_world_size(sudoku_dir, tmp_path):
                       "global_batch_size=31", f"checkpoint_path={tmp_path / 'run'}")
     assert result.returncode != 0
     assert "global_batch_size 31 is not divisible by the 2 processes" in result.stderr
+
+
+def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, tmp_path):
+    common = ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", *TINY, "epochs=40", "eval_interval=20"]
+    straight = torchrun("pretrain.py", *common, f"checkpoint_path={tmp_path / 'straight'}")
+    assert straight.returncode == 0, straight.stderr
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HRM_DIST_TIMEOUT_MIN="1")
+    stopped_dir = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend",
+                             "c10d", "--rdzv-endpoint", "localhost:0", "pretrain.py", *common,
+                             f"checkpoint_path={stopped_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while not (stopped_dir / "metrics.jsonl").exists():  # training has started: the stop handler is in place
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
+    out, _ = proc.communicate(timeout=120)
+    ckpts = sorted(stopped_dir.glob("step_*.pt"))
+    assert len(ckpts) == 1, out
+    saved = safe_load(ckpts[0])
+    assert 0 < saved["step"] < 80 and len(saved["ranks"]) == 2
+    assert not torch.equal(saved["ranks"][0]["carry"]["current_data"]["inputs"],
+                           saved["ranks"][1]["carry"]["current_data"]["inputs"])  # each rank's own rows
+
+    resumed = torchrun("pretrain.py", *common, f"checkpoint_path={stopped_dir}", "resume=auto")
+    assert resumed.returncode == 0, resumed.stderr
+    a, b = safe_load(tmp_path / "straight" / "step_80.pt"), safe_load(stopped_dir / "step_80.pt")
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), f"weights differ at {key}"
