@@ -33,11 +33,10 @@ from utils.device import DeviceError, bf16_support, configure_backends, describe
 from utils.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError, collate_episodes, load_mp100)
 from utils.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask
 from utils.distributed import Dist, any_rank, init_distributed
+from utils.hardware_optimizer import resolve_hardware_profile
 from utils.training import GracefulStop, MetricsLogger
 
 MAX_NONFINITE_IN_A_ROW = 10
-# Used when utils.hardware_optimizer has no profile for a knob: (batch_size, accumulation_steps, num_workers).
-FALLBACK_KNOBS = {"cuda": (16, 1, 4), "mps": (8, 1, 2), "cpu": (1, 1, 0)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -119,19 +118,12 @@ def amp_policy(device: torch.device, use_amp: bool) -> AmpPolicy:
 
 def apply_hardware_profile(args: argparse.Namespace, device: torch.device) -> str:
     """Fill batch_size, accumulation_steps and num_workers the user did not set, from the hardware profile."""
-    knobs, note = {}, ""
-    try:
-        from utils.hardware_optimizer import resolve_hardware_profile
-    except ImportError as e:
-        note = f"hardware profile: utils.hardware_optimizer unavailable ({e}); built-in {device.type} defaults"
-    else:
-        name, knobs, reason = resolve_hardware_profile(args.hardware, device)
-        note = f"hardware profile: {name} ({reason})"
-    fallback = dict(zip(("batch_size", "accumulation_steps", "num_workers"), FALLBACK_KNOBS[device.type]))
-    for key, default in fallback.items():
+    name, knobs, reason = resolve_hardware_profile(args.hardware, device)
+    for key in ("batch_size", "accumulation_steps", "num_workers"):
         if getattr(args, key) is None:
-            setattr(args, key, int(knobs.get(key, default)))
-    return f"{note}: batch_size={args.batch_size} accumulation_steps={args.accumulation_steps} num_workers={args.num_workers}"
+            setattr(args, key, int(knobs[key]))
+    return (f"hardware profile: {name} ({reason}): batch_size={args.batch_size} "
+            f"accumulation_steps={args.accumulation_steps} num_workers={args.num_workers}")
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
