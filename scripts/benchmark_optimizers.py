@@ -5,8 +5,8 @@ embedding is a buffer trained by sign-SGD, so it is not here) and one tensor of 
 Every optimizer gets its own copy of the parameters with fixed random gradients; the timed
 steps of all optimizers are interleaved round by round, so load from other processes hits them
 alike. Reported: median and minimum ms per step after warm-up, and the median's ratio to fused
-AdamW. adam-atan2-pytorch (lucidrains) is a different algorithm (a = 1.27, its own weight decay),
-listed for speed only.
+AdamW and to adam-atan2-pytorch (when installed). adam-atan2-pytorch (lucidrains) is a different
+algorithm (a = 1.27, its own weight decay), listed for speed only.
 
     python scripts/benchmark_optimizers.py                      # CPU, both sets, 30 timed steps
     python scripts/benchmark_optimizers.py --device cuda --steps 100
@@ -85,14 +85,16 @@ def bench_set(name: str, shapes, device: torch.device, args) -> list[dict]:
             run["opt"].step()
             sync()
             run["times"].append(time.perf_counter() - start)
-    fused = statistics.median(next(r for r in runs if r["label"] == "AdamW fused")["times"])
+    medians = {r["label"]: statistics.median(r["times"]) for r in runs}
+    fused, lucid = medians["AdamW fused"], medians.get("adam-atan2-pytorch")
     n = sum(torch.Size(s).numel() for s in shapes)
     print(f"\n{name}: {len(shapes)} tensors, {n:,} parameters, fp32, {device}")
-    print("| optimizer | ms/step median | ms/step min | vs fused AdamW | warm-up s | note |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| optimizer | ms/step median | ms/step min | vs fused AdamW | vs adam-atan2-pytorch | warm-up s | note |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for r in runs:
-        med = statistics.median(r["times"])
-        print(f"| {r['label']} | {med * 1e3:.1f} | {min(r['times']) * 1e3:.1f} | {med / fused:.2f}x | "
+        med = medians[r["label"]]
+        vs_lucid = f"{med / lucid:.2f}x" if lucid else "-"
+        print(f"| {r['label']} | {med * 1e3:.1f} | {min(r['times']) * 1e3:.1f} | {med / fused:.2f}x | {vs_lucid} | "
               f"{r['warmup_s']:.1f} | {r['note']} |")
         r.pop("opt")
     return runs

@@ -72,6 +72,38 @@ def test_eager_matches_reference(dtype, lr):
         assert opt.state[p]["exp_avg"].dtype == dtype and opt.state[p]["step"].item() == 100
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+def test_cpu_scratch_path_is_bitwise_the_foreach_path(dtype):
+    """The CPU path (temporaries in a reused buffer) and the allocating foreach path used on GPUs agree exactly."""
+    gen = torch.Generator().manual_seed(3)
+    params = make_params(dtype, gen)
+    set_grads(params, gen)
+    state = [[p.detach().clone() for p in params], [p.grad.clone() for p in params],
+             [torch.randn(p.shape, generator=gen).to(dtype) * 1e-3 for p in params],
+             [torch.rand(p.shape, generator=gen).to(dtype) * 1e-6 for p in params]]
+    twin = [[t.clone() for t in ts] for ts in state]
+    coef = (1 - 1e-4, 0.1, 0.05, 1e-3, math.sqrt(0.05))
+    math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    ou._foreach_update(*state, *coef, scratch=torch.empty(10_000, dtype=math_dtype))
+    ou._foreach_update(*twin, *coef)
+    for ours, theirs in zip(state, twin):
+        for a, b in zip(ours, theirs):
+            assert torch.equal(a, b)
+
+
+def test_cpu_scratch_is_reused_and_grows_for_a_big_non_contiguous_tensor():
+    gen = torch.Generator().manual_seed(4)
+    params = make_params(torch.float32, gen) + [torch.nn.Parameter(torch.randn(60, 50, generator=gen).t())]
+    opt = AdamATan2(params, lr=1e-3, betas=BETAS, weight_decay=WD)
+    set_grads(params, gen)
+    opt.step()
+    buffer = opt._scratch[torch.float32]
+    assert buffer.numel() == 3000  # the transposed 50x60 parameter goes whole, past the 1000-element pieces
+    set_grads(params, gen)
+    opt.step()
+    assert opt._scratch[torch.float32].data_ptr() == buffer.data_ptr()
+
+
 def test_matches_float64_math_by_hand():
     """One step with numbers worked out by hand: m = 0.05, v = 0.0025, corrections 0.1 and 0.01."""
     p = torch.nn.Parameter(torch.ones(4, dtype=torch.float64))
@@ -375,3 +407,19 @@ def test_report_cli(capsys):
     assert ou.main(["--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "selected:" in out and "native" in out and "device:    cpu" in out
+
+
+def test_benchmark_table_on_small_tensors(capsys):
+    """scripts/benchmark_optimizers.py: every optimizer steps, and the table has one row each with its ratios."""
+    from argparse import Namespace
+
+    from scripts import benchmark_optimizers as bench
+
+    runs = bench.bench_set("tiny", [(64, 32), (32,)], torch.device("cpu"),
+                           Namespace(steps=2, warmup=1, no_compile=True))
+    table = capsys.readouterr().out
+    labels = [r["label"] for r in runs]
+    assert labels[:3] == ["AdamATan2 ours, eager", "AdamW foreach", "AdamW fused"]
+    assert all(len(r["times"]) == 2 for r in runs)
+    assert "| AdamW fused |" in table and "| 1.00x |" in table
+    assert table.count("\n| ") == len(runs) + 1  # the header and one row per optimizer

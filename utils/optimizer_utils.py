@@ -125,6 +125,7 @@ class AdamATan2(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
         self.use_compile = bool(compile)
         self._compiled_signatures: set = set()
+        self._scratch: dict[torch.dtype, Tensor] = {}  # CPU temporaries, reused every step
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Tensor] | None = None):
@@ -146,7 +147,7 @@ class AdamATan2(torch.optim.Optimizer):
             for (device, dtype, t), tensors in self._bucket(group, gi).items():
                 coef = (1.0 - lr * wd, 1.0 - beta1, 1.0 - beta2, lr / (1.0 - beta1 ** t), math.sqrt(1.0 - beta2 ** t))
                 if not (self.use_compile and self._compiled_update(tensors, coef, device, dtype)):
-                    _eager_update(tensors, coef, device)
+                    _eager_update(tensors, coef, device, self._scratch)
         return loss
 
     def _bucket(self, group: dict, gi: int) -> dict[tuple, tuple[list[Tensor], ...]]:
@@ -223,13 +224,23 @@ def _host_step(state: dict, copy: bool = False) -> Tensor:
     return step
 
 
-def _eager_update(tensors: tuple[list[Tensor], ...], coef: tuple[float, ...], device: torch.device) -> None:
-    """Eager update of one bucket; CPU buckets go through in cache-sized pieces."""
-    if device.type == "cpu":
-        for piece in _cpu_pieces(tensors, CPU_CHUNK_NUMEL):
-            _foreach_update(*piece, *coef)
-    else:
+def _eager_update(tensors: tuple[list[Tensor], ...], coef: tuple[float, ...], device: torch.device,
+                  scratch: dict[torch.dtype, Tensor]) -> None:
+    """Eager update of one bucket; CPU buckets go through in cache-sized pieces.
+
+    On the CPU each piece's temporary lives in a flat buffer from ``scratch`` (math dtype ->
+    buffer, grown on demand and kept by the optimizer), so a step allocates nothing.
+    """
+    if device.type != "cpu":
         _foreach_update(*tensors, *coef)
+        return
+    math_dtype = torch.float64 if tensors[0][0].dtype == torch.float64 else torch.float32
+    for piece in _cpu_pieces(tensors, CPU_CHUNK_NUMEL):
+        numel = sum(t.numel() for t in piece[0])
+        buffer = scratch.get(math_dtype)
+        if buffer is None or buffer.numel() < numel:
+            buffer = scratch[math_dtype] = torch.empty(max(numel, CPU_CHUNK_NUMEL), dtype=math_dtype)
+        _foreach_update(*piece, *coef, scratch=buffer)
 
 
 def _cpu_pieces(tensors: tuple[list[Tensor], ...], chunk: int):
@@ -258,28 +269,52 @@ def _cpu_pieces(tensors: tuple[list[Tensor], ...], chunk: int):
 
 
 def _foreach_update(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor], exp_avg_sqs: list[Tensor],
-                    decay: float, w1: float, w2: float, step_size: float, bc2_sqrt: float) -> None:
+                    decay: float, w1: float, w2: float, step_size: float, bc2_sqrt: float,
+                    scratch: Tensor | None = None) -> None:
     """The AdamATan2 update of same-device, same-dtype tensors with ``torch._foreach_*`` ops.
 
     ``decay = 1 - lr*wd``, ``w1 = 1 - beta1``, ``w2 = 1 - beta2``, ``step_size = lr / (1 - beta1^t)``,
     ``bc2_sqrt = sqrt(1 - beta2^t)``. fp16/bf16 run on fp32 copies that are rounded back at the end.
+    The temporary (``g*g``, then the denominator, then the angle) is written into ``scratch``, a flat
+    buffer in the math dtype with at least ``sum(numel)`` elements, when one is given (CPU pieces:
+    ``out=`` per tensor, no allocation); otherwise it is allocated by foreach ops (one launch on a GPU).
+    ``p`` is touched last, so on the CPU its decay and update run back to back while it is in cache.
     """
     low = params[0].dtype in _LOW_PRECISION
     p, g, m, v = ([t.float() for t in ts] for ts in (params, grads, exp_avgs, exp_avg_sqs)) if low else \
         (params, grads, exp_avgs, exp_avg_sqs)
+    torch._foreach_lerp_(m, g, w1)
+    if scratch is None:
+        tmp = torch._foreach_mul(g, g)
+    else:
+        tmp = _carve(scratch, g)
+        for gi, ti in zip(g, tmp):
+            torch.mul(gi, gi, out=ti)
+    torch._foreach_lerp_(v, tmp, w2)
+    if scratch is None:
+        tmp = torch._foreach_sqrt(v)
+    else:
+        for vi, ti in zip(v, tmp):
+            torch.sqrt(vi, out=ti)
+    if bc2_sqrt != 1.0:  # exactly 1 once beta2^t underflows the mantissa (t > ~700 for beta2 = 0.95)
+        torch._foreach_div_(tmp, bc2_sqrt)
+    for mi, ti in zip(m, tmp):  # torch has no _foreach_atan2
+        torch.atan2(mi, ti, out=ti)
     if decay != 1.0:  # lr * weight_decay == 0, e.g. the lr=0 first step of a warmup
         torch._foreach_mul_(p, decay)
-    torch._foreach_lerp_(m, g, w1)
-    torch._foreach_lerp_(v, torch._foreach_mul(g, g), w2)
-    denom = torch._foreach_sqrt(v)
-    if bc2_sqrt != 1.0:  # exactly 1 once beta2^t underflows the mantissa (t > ~700 for beta2 = 0.95)
-        torch._foreach_div_(denom, bc2_sqrt)
-    for mi, di in zip(m, denom):  # torch has no _foreach_atan2
-        torch.atan2(mi, di, out=di)
-    torch._foreach_add_(p, denom, alpha=-step_size)
+    torch._foreach_add_(p, tmp, alpha=-step_size)
     if low:
         for dst, src in ((params, p), (exp_avgs, m), (exp_avg_sqs, v)):
             torch._foreach_copy_(dst, src)
+
+
+def _carve(buffer: Tensor, like: list[Tensor]) -> list[Tensor]:
+    """Consecutive views of the flat ``buffer`` shaped like the tensors of ``like``."""
+    views, offset = [], 0
+    for t in like:
+        views.append(buffer[offset:offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return views
 
 
 # atan(x)/x ~= sum_k C[k] * x^(2k) on [0, 1]: a least-squares fit of the relative error, reweighted
