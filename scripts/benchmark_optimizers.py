@@ -4,9 +4,9 @@ Two parameter sets: HRM's (hrm_v1 on Sudoku: 36 fp32 tensors, 27,275,266 paramet
 embedding is a buffer trained by sign-SGD, so it is not here) and one tensor of the same size.
 Every optimizer gets its own copy of the parameters with fixed random gradients; the timed
 steps of all optimizers are interleaved round by round, so load from other processes hits them
-alike. Reported: median and minimum ms per step after warm-up, and the median's ratio to fused
-AdamW and to adam-atan2-pytorch (when installed). adam-atan2-pytorch (lucidrains) is a different
-algorithm (a = 1.27, its own weight decay), listed for speed only.
+alike. Reported: median and minimum ms per step after warm-up, and the median over rounds of the
+per-round ratio to fused AdamW and to adam-atan2-pytorch (when installed). adam-atan2-pytorch
+(lucidrains) is a different algorithm (a = 1.27, its own weight decay), listed for speed only.
 
     python scripts/benchmark_optimizers.py                      # CPU, both sets, 30 timed steps
     python scripts/benchmark_optimizers.py --device cuda --steps 100
@@ -68,6 +68,15 @@ def make_params(shapes, device: torch.device, seed: int = 0) -> list[torch.nn.Pa
     return params
 
 
+def paired_ratio(times: list[float], baseline: list[float]) -> str:
+    """Median over rounds of ``times[i] / baseline[i]``, e.g. "0.71x".
+
+    Both were timed in the same round, seconds apart, so a slow spell on a shared machine
+    scales both and cancels in the ratio; a ratio of medians would not pair them.
+    """
+    return f"{statistics.median(t / b for t, b in zip(times, baseline)):.2f}x"
+
+
 def bench_set(name: str, shapes, device: torch.device, args) -> list[dict]:
     """Warm up every optimizer, then time ``args.steps`` interleaved rounds; one row per optimizer."""
     sync = {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(device.type, lambda: None)
@@ -85,17 +94,16 @@ def bench_set(name: str, shapes, device: torch.device, args) -> list[dict]:
             run["opt"].step()
             sync()
             run["times"].append(time.perf_counter() - start)
-    medians = {r["label"]: statistics.median(r["times"]) for r in runs}
-    fused, lucid = medians["AdamW fused"], medians.get("adam-atan2-pytorch")
+    times = {r["label"]: r["times"] for r in runs}
     n = sum(torch.Size(s).numel() for s in shapes)
     print(f"\n{name}: {len(shapes)} tensors, {n:,} parameters, fp32, {device}")
     print("| optimizer | ms/step median | ms/step min | vs fused AdamW | vs adam-atan2-pytorch | warm-up s | note |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for r in runs:
-        med = medians[r["label"]]
-        vs_lucid = f"{med / lucid:.2f}x" if lucid else "-"
-        print(f"| {r['label']} | {med * 1e3:.1f} | {min(r['times']) * 1e3:.1f} | {med / fused:.2f}x | {vs_lucid} | "
-              f"{r['warmup_s']:.1f} | {r['note']} |")
+        vs_fused = paired_ratio(r["times"], times["AdamW fused"])
+        vs_lucid = paired_ratio(r["times"], times["adam-atan2-pytorch"]) if "adam-atan2-pytorch" in times else "-"
+        print(f"| {r['label']} | {statistics.median(r['times']) * 1e3:.1f} | {min(r['times']) * 1e3:.1f} | "
+              f"{vs_fused} | {vs_lucid} | {r['warmup_s']:.1f} | {r['note']} |")
         r.pop("opt")
     return runs
 
