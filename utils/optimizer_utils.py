@@ -16,8 +16,10 @@ defined at ``v = 0``, so an update is never larger than ``lr * pi/2 / (1 - beta1
 Two execution paths, same math:
 
 * eager (default): ``torch._foreach_*`` ops over the tensors of one device/dtype. On CPU the
-  tensors are cut into cache-sized flat pieces so the temporaries (``g*g``, the denominator)
-  never leave the cache; only the state itself streams through memory.
+  tensors are cut into cache-sized flat pieces and the one temporary (``g*g``, then the
+  denominator, then the angle) lives in a buffer the optimizer keeps, so it never leaves the
+  cache and no step allocates; only the state itself streams through memory. Its floor is
+  ``torch.atan2`` and ``torch.sqrt`` themselves (see the README's benchmark).
 * ``compile=True``: one ``torch.compile``'d function updates every tensor in a single pass.
   The learning rate and bias corrections enter as a tensor, so a per-step lr never recompiles.
   In fp32 it evaluates atan2 with a polynomial (within 2.5e-7 rad of the exact angle, about
