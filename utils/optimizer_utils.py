@@ -178,7 +178,7 @@ class AdamATan2(torch.optim.Optimizer):
 
     def _compiled_update(self, tensors, coef, device: torch.device, dtype: torch.dtype) -> bool:
         """Run the compiled update; on a compile failure warn once, switch to eager and return False."""
-        math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        math_dtype = _math_dtype(dtype)
         signature = (device, dtype, tuple(p.shape for p in tensors[0]))
         first = signature not in self._compiled_signatures
         if first:
@@ -217,6 +217,11 @@ class AdamATan2(torch.optim.Optimizer):
 AdamATan2Fallback = AdamATan2  # the name the seed code imports; it is the exact algorithm, not AdamW
 
 
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the update computes in: fp64 for fp64 parameters, fp32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _host_step(state: dict, copy: bool = False) -> Tensor:
     """``state["step"]`` as a 0-dim float32 CPU tensor, replaced by one if it is not (or if ``copy``)."""
     step = state["step"]
@@ -236,7 +241,7 @@ def _eager_update(tensors: tuple[list[Tensor], ...], coef: tuple[float, ...], de
     if device.type != "cpu":
         _foreach_update(*tensors, *coef)
         return
-    math_dtype = torch.float64 if tensors[0][0].dtype == torch.float64 else torch.float32
+    math_dtype = _math_dtype(tensors[0][0].dtype)
     for piece in _cpu_pieces(tensors, CPU_CHUNK_NUMEL):
         numel = sum(t.numel() for t in piece[0])
         buffer = scratch.get(math_dtype)
