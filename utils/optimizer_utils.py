@@ -261,10 +261,10 @@ def _cpu_update(tensors: tuple[list[Tensor], ...], coef: tuple[float, ...], scra
     low = tensors[0][0].dtype in _LOW_PRECISION
     inv_bc2_sqrt = torch.tensor(1.0 / bc2_sqrt, dtype=math_dtype)
     one = torch.ones(1, dtype=math_dtype)
+    buffer = scratch.get(math_dtype)
     for members in zip(*tensors):
         for piece in _cpu_pieces(members, CPU_CHUNK_NUMEL):
             p, g, m, v = (t.float() for t in piece) if low else piece
-            buffer = scratch.get(math_dtype)
             if buffer is None or buffer.numel() < g.numel():
                 buffer = scratch[math_dtype] = torch.empty(max(g.numel(), CPU_CHUNK_NUMEL), dtype=math_dtype)
             tmp = buffer[:g.numel()].view(g.shape)
