@@ -248,8 +248,8 @@ def _cpu_update(tensors: tuple[list[Tensor], ...], coef: tuple[float, ...], scra
     ``coef`` as in :func:`_foreach_update`. A piece's p, g, m, v and its one temporary (``g*g``, then
     the denominator, then the angle) stay in cache across its seven ops, so only the state streams
     through memory; the temporary lives in ``scratch`` (math dtype -> flat buffer, grown on demand and
-    kept by the optimizer), so a step allocates nothing for fp32/fp64. Two rewrites, each measured on
-    this project's AVX512 CPU and within 2 ulp of the plain formula:
+    kept by the optimizer), so fp32/fp64 steps allocate no piece-sized tensor. Two rewrites, each
+    measured on this project's AVX512 CPU and within 2 ulp of the plain formula:
 
     * ``sqrt(v) / bc2_sqrt`` as ``(1 / bc2_sqrt) / rsqrt(v)``: ATen's CPU rsqrt costs about 60% of its
       sqrt, and ``1 / rsqrt(0) = 1 / inf = 0`` keeps ``v = 0`` exact (``v * rsqrt(v)`` would be NaN);
