@@ -19,11 +19,11 @@ from typing import Optional
 from omegaconf import OmegaConf
 
 from pretrain import build_model, evaluate, load_model_weights
-from utils.checkpoint import CheckpointError, safe_load
+from utils.run.checkpoint import CheckpointError, safe_load
 from utils.distributed import Dist
 from utils.config import ConfigError, PretrainConfig, valid_keys
 from utils.device import DeviceError, select_device, select_dtype
-from utils.puzzle_dataset import DatasetError, PuzzleDataset, load_metadata
+from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, load_metadata
 
 log = logging.getLogger("evaluate")
 

@@ -31,15 +31,15 @@ from models.hrm.hrm_act_v1 import Carry, HierarchicalReasoningModel_ACTV1, Inner
 from models.layers import attention_backend
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils.checkpoint import (CheckpointError, atomic_save, capture_rng_state, newest_valid_checkpoint, prune_checkpoints,
+from utils.run.checkpoint import (CheckpointError, atomic_save, capture_rng_state, newest_valid_checkpoint, prune_checkpoints,
                               restore_rng_state, safe_load)
 from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.config import ConfigError, PretrainConfig, load_config, to_dict, valid_keys
 from utils.device import DeviceError, compile_decision, configure_backends, describe, select_device, select_dtype
 from utils.optimizer_utils import get_adam_atan2_optimizer
 from utils.distributed import Dist, any_rank, init_distributed
-from utils.training import GracefulStop, MetricsLogger
-from utils.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
+from utils.run.training import GracefulStop, MetricsLogger
+from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
 
 log = logging.getLogger("pretrain")
 
@@ -69,7 +69,7 @@ def ensure_dataset(cfg: PretrainConfig, rank: Dist) -> None:
             f"python scripts/build_sudoku_dataset.py --generate --output-dir {cfg.data_path} "
             "(or --source-dir DIR for a local Sudoku-Extreme copy), or set data_path=...")
     if rank.is_main:
-        from scripts.build_sudoku_dataset import main as build_sudoku
+        from utils.data.sudoku import main as build_sudoku
 
         argv = ["--output-dir", cfg.data_path]
         for key, value in cfg.dataset_builder.items():

@@ -28,13 +28,13 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from models.cape import CapeConfig, CapeModel, cape_loss, load_backbone_weights, supervised_mask
-from utils.checkpoint import CheckpointError, atomic_save, capture_rng_state, restore_rng_state, safe_load
+from utils.run.checkpoint import CheckpointError, atomic_save, capture_rng_state, restore_rng_state, safe_load
 from utils.device import DeviceError, bf16_support, configure_backends, describe, select_device
-from utils.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError, collate_episodes, load_mp100)
-from utils.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask
+from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError, collate_episodes, load_mp100)
+from utils.eval.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask
 from utils.distributed import Dist, any_rank, init_distributed
 from utils.hardware_optimizer import resolve_hardware_profile
-from utils.training import GracefulStop, MetricsLogger
+from utils.run.training import GracefulStop, MetricsLogger
 
 MAX_NONFINITE_IN_A_ROW = 10
 
@@ -190,7 +190,7 @@ def evaluate(model: CapeModel, loader: DataLoader, amp: AmpPolicy, device: torch
              desc: str) -> dict[str, float]:
     """PCK@0.2 of the model (last decoder layer) and of the copy-support baseline over a fixed episode set.
 
-    Returns ``PCK@0.2`` and ``copy_support_PCK@0.2`` in percent (mean over queries, see utils/pck.py) and ``queries``.
+    Returns ``PCK@0.2`` and ``copy_support_PCK@0.2`` in percent (mean over queries, see utils/eval/pck.py) and ``queries``.
     """
     model.eval()
     acc, base = PCKAccumulator(0.2), PCKAccumulator(0.2)

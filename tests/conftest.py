@@ -2,7 +2,7 @@
 
 import pytest
 
-from scripts.build_sudoku_dataset import build_dataset
+from utils.data.sudoku import build_dataset
 
 
 def make_sudoku(tmp_path_factory, train_size: int, test_size: int):

@@ -9,7 +9,7 @@ import torch
 from models.cape import CapeConfig, CapeModel, ResNet, cape_loss, load_backbone_weights, supervised_mask
 from models.cape.losses import gaussian_target
 from models.cape.model import gaussian_pool, soft_argmax
-from utils.checkpoint import CheckpointError
+from utils.run.checkpoint import CheckpointError
 
 TINY = CapeConfig(backbone="resnet18", hidden_dim=32, num_heads=4, ffn_dim=64, dropout=0.0)
 

@@ -1,4 +1,4 @@
-"""MP-100 loader, crops and episode sampler (utils/mp100.py), and the synthetic builder's layout."""
+"""MP-100 loader, crops and episode sampler (utils/data/mp100.py), and the synthetic builder's layout."""
 
 import json
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 from PIL import Image
 
-from scripts.build_synthetic_cape_dataset import build
-from utils.mp100 import (IMAGENET_MEAN, IMAGENET_STD, Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError,
+from utils.data.synthetic_cape import build
+from utils.data.mp100 import (IMAGENET_MEAN, IMAGENET_STD, Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError,
                          annotation_path, apply_affine, collate_episodes, load_instance, load_mp100, load_split)
-from utils.pck import crop_to_original
+from utils.eval.pck import crop_to_original
 
 # Three categories, one per subset: 3, 4 and 5 keypoints.
 CATS = {"train": (1, "cat_a", 3), "val": (2, "cat_b", 4), "test": (3, "cat_c", 5)}
@@ -107,7 +107,7 @@ def test_crop_coordinates_follow_image_content(tmp_path):
     ys, xs = np.mgrid[0:size, 0:size]
     blob = 255 * np.exp(-((xs + 0.5 - c[0]) ** 2 + (ys + 0.5 - c[1]) ** 2) / (2 * 2.0 ** 2))
     Image.fromarray(np.repeat(blob[..., None], 3, 2).astype(np.uint8)).save(tmp_path / "blob.png")
-    from utils.mp100 import Instance
+    from utils.data.mp100 import Instance
     inst = Instance(1, 1, tmp_path / "blob.png", (20.0, 15.0, 40.0, 30.0), c[None].astype(np.float32), np.array([True]))
     rng = np.random.default_rng(3)
     for augment in (None, Augmentation(scale=0.2, rotation=30.0, colour=0.0)):

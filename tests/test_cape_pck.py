@@ -1,10 +1,10 @@
-"""PCK@0.2 (utils/pck.py) against hand-computed cases."""
+"""PCK@0.2 (utils/eval/pck.py) against hand-computed cases."""
 
 import numpy as np
 import pytest
 import torch
 
-from utils.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask, pck_per_query
+from utils.eval.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask, pck_per_query
 
 
 def test_pck_threshold_is_strict_and_normalised_by_bbox_size():

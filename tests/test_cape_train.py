@@ -13,9 +13,9 @@ import torch
 
 import models.train_cape_episodic as trainer
 from models.cape import CapeConfig, CapeModel
-from scripts.build_synthetic_cape_dataset import build
-from utils.checkpoint import safe_load
-from utils.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
+from utils.data.synthetic_cape import build
+from utils.run.checkpoint import safe_load
+from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
 
 TINY = CapeConfig(backbone="resnet18", hidden_dim=32, num_heads=4, ffn_dim=64, dropout=0.0)
 TINY_FLAGS = ["--backbone", "resnet18", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64", "--device", "cpu",

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import make_sudoku
-from utils.checkpoint import safe_load
+from utils.run.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=3",

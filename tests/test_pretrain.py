@@ -8,7 +8,7 @@ import torch
 
 import evaluate
 import pretrain
-from utils.checkpoint import safe_load
+from utils.run.checkpoint import safe_load
 
 TINY_ARCH = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=2",
              "arch.expansion=2"]

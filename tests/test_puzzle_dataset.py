@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from utils.puzzle_dataset import IGNORE_LABEL_ID, DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
+from utils.data.puzzle_dataset import IGNORE_LABEL_ID, DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
 
 SEQ_LEN = 3
 

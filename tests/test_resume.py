@@ -16,8 +16,8 @@ import evaluate
 import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils import checkpoint as checkpoint_mod
-from utils.checkpoint import safe_load
+from utils.run import checkpoint as checkpoint_mod
+from utils.run.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
 
 ROOT = Path(__file__).resolve().parent.parent

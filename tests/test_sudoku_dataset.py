@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scripts import build_sudoku_dataset as builder
-from utils.puzzle_dataset import ARRAY_FIELDS, IGNORE_LABEL_ID, DatasetError, PuzzleDataset
+from utils.data import sudoku as builder
+from utils.data.puzzle_dataset import ARRAY_FIELDS, IGNORE_LABEL_ID, DatasetError, PuzzleDataset
 
 REPO = Path(__file__).resolve().parents[1]
 MIN_BLANKS = 50

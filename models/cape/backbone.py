@@ -13,7 +13,7 @@ import os
 import torch
 from torch import nn
 
-from utils.checkpoint import CheckpointError, safe_load
+from utils.run.checkpoint import CheckpointError, safe_load
 
 
 def _conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:

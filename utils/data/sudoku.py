@@ -1,0 +1,582 @@
+"""Build a Sudoku dataset in the HRM on-disk format (see utils/data/puzzle_dataset.py).
+
+Two sources:
+  * ``--source-dir DIR``: the Sudoku-Extreme CSVs (``train.csv``, ``test.csv``; columns
+    ``source,question,answer,rating``; the Hugging Face dataset ``sapientinc/sudoku-extreme``).
+  * ``--generate``: offline generation of unique-solution puzzles: a random full grid, then
+    clues removed in random order while the solution stays unique (a minimal puzzle).
+
+Tokens follow the reference builder (``sapientinc/HRM`` dataset/build_sudoku_dataset.py):
+pad 0, blank 1, digit d -> d + 1 (vocab 11), seq_len 81, every cell supervised, one puzzle
+identifier. Each training puzzle forms a group with its ``--num-aug`` augmentations
+(digit permutation, band/row and stack/column shuffles, transpose with p=0.5); every
+variant is its own one-example puzzle. The test set is never augmented.
+
+Example (the HRM "Sudoku-Extreme 1k" recipe):
+    python scripts/build_sudoku_dataset.py --source-dir data/raw/sudoku-extreme \\
+        --output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from utils.data.puzzle_dataset import DatasetError, PuzzleDatasetMetadata
+
+SEQ_LEN = 81
+VOCAB_SIZE = 11  # pad, blank, digits 1..9
+CSV_HEADER = ["source", "question", "answer", "rating"]
+MAX_BLANKS = 81 - 17  # no 9x9 Sudoku with fewer than 17 clues has a unique solution
+MAX_ATTEMPTS = 200  # full grids tried per puzzle before giving up on --min-blanks
+
+# ----------------------------------------------------------------------------------------
+# Solver: digits live in bits 1..9 of row/column/box masks. Each search level first sweeps the
+# empty cells, placing every cell that has a single candidate, until nothing changes; then it
+# branches on the cell with the fewest candidates. Pure Python, ~13 ms of CPU per generated puzzle.
+
+_FULL = 0x3FE
+_ROW = [i // 9 for i in range(81)]
+_COL = [i % 9 for i in range(81)]
+_BOX = [(i // 27) * 3 + (i % 9) // 3 for i in range(81)]
+_POPCOUNT = [bin(m).count("1") for m in range(1024)]
+_DIGITS = [[d for d in range(1, 10) if m >> d & 1] for m in range(1024)]
+
+
+class _Board:
+    """A 9x9 grid (list of 81 digits, 0 = blank) with its row/column/box digit masks."""
+
+    def __init__(self, cells):
+        self.cells = [int(d) for d in cells]
+        self.rows, self.cols, self.boxes = [0] * 9, [0] * 9, [0] * 9
+        self.empties = []
+        for i, d in enumerate(self.cells):
+            if d:
+                self.place(i, d)
+            else:
+                self.empties.append(i)
+
+    def place(self, i: int, d: int) -> None:
+        bit = 1 << d
+        self.cells[i] = d
+        self.rows[_ROW[i]] |= bit
+        self.cols[_COL[i]] |= bit
+        self.boxes[_BOX[i]] |= bit
+
+    def clear(self, i: int) -> None:
+        bit = ~(1 << self.cells[i])
+        self.cells[i] = 0
+        self.rows[_ROW[i]] &= bit
+        self.cols[_COL[i]] &= bit
+        self.boxes[_BOX[i]] &= bit
+
+    def search(self, limit: int, forbid_cell: int = -1, forbid_digit: int = 0, rng=None, found=None) -> int:
+        """Count solutions up to ``limit``; ``forbid_cell`` may not take ``forbid_digit``.
+
+        Clues are assumed consistent. ``rng`` randomises the digit order (grid generation);
+        solutions are appended to ``found`` when given. The board is left unchanged.
+        """
+        cells, rows, cols, boxes = self.cells, self.rows, self.cols, self.boxes
+        forbid_mask = ~(1 << forbid_digit) if forbid_digit else -1
+
+        def recurse(empties: list[int]) -> int:
+            placed = []
+            try:
+                progress = True
+                while progress:
+                    progress, rest, best_n = False, [], 10
+                    for i in empties:
+                        r, c, b = _ROW[i], _COL[i], _BOX[i]
+                        m = _FULL & ~(rows[r] | cols[c] | boxes[b])
+                        if i == forbid_cell:
+                            m &= forbid_mask
+                        n = _POPCOUNT[m]
+                        if n == 1:  # naked single: place it now, peers later in this sweep see it
+                            cells[i] = m.bit_length() - 1
+                            rows[r] |= m
+                            cols[c] |= m
+                            boxes[b] |= m
+                            placed.append(i)
+                            progress = True
+                        elif n == 0:
+                            return 0
+                        else:
+                            rest.append(i)
+                            if n < best_n:
+                                best_n, best_i, best_m = n, i, m
+                    empties = rest
+                if not empties:
+                    if found is not None:
+                        found.append(list(cells))
+                    return 1
+                rest.remove(best_i)
+                digits = _DIGITS[best_m]
+                if rng is not None:
+                    digits = [digits[k] for k in rng.permutation(len(digits))]
+                total = 0
+                for d in digits:
+                    self.place(best_i, d)
+                    total += recurse(rest)
+                    self.clear(best_i)
+                    if total >= limit:
+                        break
+                return total
+            finally:
+                for i in placed:
+                    self.clear(i)
+
+        return recurse(list(self.empties))
+
+
+def count_solutions(grid, limit: int = 2) -> int:
+    """Number of solutions of a puzzle, counted up to ``limit``.
+
+    Args:
+        grid: 81 digits (any int sequence or array), 0 = blank, row-major.
+    Returns:
+        0 if the clues conflict or there is no solution, else min(#solutions, limit).
+    """
+    board = _Board(np.asarray(grid).reshape(81))
+    if not is_consistent(board.cells):
+        return 0
+    return board.search(limit)
+
+
+def is_consistent(cells) -> bool:
+    """True when no digit repeats in a row, column or box (blanks ignored)."""
+    board = _Board([0] * 81)
+    for i, d in enumerate(cells):
+        if d:
+            bit = 1 << d
+            if (board.rows[_ROW[i]] | board.cols[_COL[i]] | board.boxes[_BOX[i]]) & bit:
+                return False
+            board.place(i, d)
+    return True
+
+
+def generate_puzzle(rng: np.random.Generator, min_blanks: int,
+                    max_blanks: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One unique-solution puzzle with ``min_blanks`` to ``max_blanks`` blanks.
+
+    A random full grid is drawn, then clues are removed in random order; a removal is kept
+    when no solution gives that cell another digit (the puzzle had a unique solution before,
+    so that is exactly "the solution stays unique"). Removal stops at ``max_blanks``; without
+    it, every cell is tried and the puzzle is minimal (every clue necessary), which gives
+    53-60 blanks. Grids are redrawn until ``min_blanks`` is reached.
+
+    Returns:
+        (question, answer): uint8 [81] digits, 0 = blank in the question.
+    Raises:
+        DatasetError: ``min_blanks`` was not reached in ``MAX_ATTEMPTS`` grids.
+    """
+    for _ in range(MAX_ATTEMPTS):
+        found = []
+        _Board([0] * 81).search(1, rng=rng, found=found)
+        answer = found[0]
+        board = _Board(answer)
+        for i in rng.permutation(81).tolist():
+            if len(board.empties) == max_blanks:
+                break
+            d = board.cells[i]
+            board.clear(i)
+            board.empties.append(i)
+            if board.search(1, forbid_cell=i, forbid_digit=d):
+                board.empties.pop()
+                board.place(i, d)
+        if len(board.empties) >= min_blanks:
+            return np.array(board.cells, np.uint8), np.array(answer, np.uint8)
+    raise DatasetError(
+        f"could not reach {min_blanks} blanks in {MAX_ATTEMPTS} random grids; "
+        "minimal puzzles from this generator have 53-60 blanks, lower --min-blanks"
+    )
+
+
+def _generate_one(index: int, seed: int, stream: int, min_blanks: int,
+                  max_blanks: int | None) -> tuple[np.ndarray, np.ndarray]:
+    # Each puzzle has its own RNG, so the output does not depend on --workers.
+    return generate_puzzle(np.random.default_rng([seed, stream, index]), min_blanks, max_blanks)
+
+
+def generate_distinct(count: int, seed: int, stream: int, min_blanks: int, max_blanks: int | None = None,
+                      workers: int = 1, exclude: set[bytes] | None = None,
+                      desc: str = "generate") -> tuple[np.ndarray, np.ndarray, set[bytes]]:
+    """Generate ``count`` puzzles whose solution grids are pairwise non-equivalent and not in ``exclude``.
+
+    Puzzle k of ``stream`` is always drawn from the RNG seeded ``[seed, stream, k]``; rejected
+    puzzles are replaced by the next indices. Equivalence is judged by ``grid_fingerprints``.
+
+    Returns:
+        questions uint8 [count, 81], answers uint8 [count, 81] (digits, 0 = blank),
+        and the fingerprints seen (``exclude`` plus the new ones).
+    """
+    seen = set(exclude or ())
+    questions, answers = [], []
+    next_index = 0
+    work = partial(_generate_one, seed=seed, stream=stream, min_blanks=min_blanks, max_blanks=max_blanks)
+    with (multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext()) as pool, \
+            tqdm(total=count, desc=desc, unit="puzzle") as bar:
+        while len(questions) < count:
+            indices = range(next_index, next_index + count - len(questions))
+            next_index = indices.stop
+            for q, a in (pool.imap(work, indices, chunksize=8) if pool else map(work, indices)):
+                fp = grid_fingerprints(a[None])[0]
+                if fp not in seen:
+                    seen.add(fp)
+                    questions.append(q)
+                    answers.append(a)
+                    bar.update(1)
+    return np.stack(questions), np.stack(answers), seen
+
+
+# ----------------------------------------------------------------------------------------
+# Equivalence fingerprint: two solution grids related by a Sudoku symmetry (digit relabelling,
+# row/column permutations, transpose) get the same fingerprint. For each pair of rows the map
+# "digit in row i -> digit in row j at the same column" is a permutation whose cycle type
+# survives relabelling and column moves; the sorted multisets over row pairs and over column
+# pairs, taken as an unordered pair, also survive row moves and the transpose.
+
+_PAIR_I, _PAIR_J = np.triu_indices(9, 1)
+
+
+def grid_fingerprints(answers: np.ndarray) -> list[bytes]:
+    """Symmetry-invariant fingerprints of solved grids.
+
+    Args:
+        answers: [N, 81] digits 1..9 (any int dtype).
+    Returns:
+        N bytes objects; equal for equivalent grids (distinct grids rarely collide).
+    """
+    grids = answers.reshape(-1, 9, 9).astype(np.int64) - 1
+    n = len(grids)
+    codes = []
+    for g in (grids, grids.transpose(0, 2, 1)):
+        perm = np.empty((n, 36, 9), np.int64)
+        np.put_along_axis(perm, g[:, _PAIR_I, :], g[:, _PAIR_J, :], axis=2)
+        start = np.broadcast_to(np.arange(9), perm.shape)
+        x, cycle_len = start, np.zeros_like(perm)
+        for k in range(1, 10):
+            x = np.take_along_axis(perm, x, axis=2)
+            cycle_len = np.where((cycle_len == 0) & (x == start), k, cycle_len)
+        # Histogram of the 9 elements' cycle lengths, one decimal digit per length.
+        codes.append(np.sort((10 ** (cycle_len - 1)).sum(axis=2), axis=1))
+    rows, cols = codes
+    differs = rows != cols
+    first = differs.argmax(axis=1)[:, None]
+    rows_first = np.take_along_axis(rows, first, 1) <= np.take_along_axis(cols, first, 1)
+    lo, hi = np.where(rows_first, rows, cols), np.where(rows_first, cols, rows)
+    return [r.tobytes() for r in np.concatenate([lo, hi], axis=1)]
+
+
+# ----------------------------------------------------------------------------------------
+# Augmentation
+
+
+def _line_permutations(rng: np.random.Generator, m: int) -> np.ndarray:
+    """[m, 9] permutations of 9 lines that move whole bands and lines within a band."""
+    bands = rng.permuted(np.tile(np.arange(3), (m, 1)), axis=1)
+    within = rng.permuted(np.tile(np.arange(3), (m, 3, 1)), axis=2)
+    return (bands[:, :, None] * 3 + within).reshape(m, 9)
+
+
+def shuffle_sudoku(questions: np.ndarray, answers: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Apply one random validity-preserving transform per row, the same to question and answer.
+
+    The transform is the reference one: transpose with p=0.5, then band + row-in-band and
+    stack + column-in-stack permutations, then a permutation of digits 1..9 (blank 0 fixed).
+
+    Args:
+        questions, answers: uint8 [M, 81] digits, 0 = blank.
+    Returns:
+        uint8 [M, 81] augmented questions and answers.
+    """
+    m = len(questions)
+    digit_map = np.zeros((m, 10), np.uint8)
+    digit_map[:, 1:] = rng.permuted(np.tile(np.arange(1, 10, dtype=np.uint8), (m, 1)), axis=1)
+    transpose = (rng.random(m) < 0.5)[:, None, None]
+    rows, cols = _line_permutations(rng, m)[:, :, None], _line_permutations(rng, m)[:, None, :]
+    # New cell (r, c) reads cell (rows[r], cols[c]) of the possibly transposed grid.
+    source = np.where(transpose, cols * 9 + rows, rows * 9 + cols).reshape(m, 81)
+
+    def apply(x: np.ndarray) -> np.ndarray:
+        return np.take_along_axis(digit_map, np.take_along_axis(x, source, axis=1).astype(np.intp), axis=1)
+
+    return apply(questions), apply(answers)
+
+
+# ----------------------------------------------------------------------------------------
+# Sudoku-Extreme CSV
+
+
+def _first_bad_row(bad: np.ndarray) -> int | None:
+    rows = np.flatnonzero(bad)
+    return int(rows[0]) if rows.size else None
+
+
+def _check_chunk(path: Path, lines: list[int], q: np.ndarray, a: np.ndarray) -> None:
+    """Validate parsed rows (digits, 0 = blank) and name the first bad line."""
+    checks = [
+        (a == 0, "answer must be 81 digits 1-9 (no blanks)"),
+        ((q != 0) & (q != a), "answer disagrees with a question clue"),
+    ]
+    masks = 1 << a.astype(np.int32).reshape(-1, 9, 9)
+    boxes = masks.reshape(-1, 3, 3, 3, 3).transpose(0, 1, 3, 2, 4).reshape(-1, 9, 9)
+    for unit, group in (("row", masks), ("column", masks.transpose(0, 2, 1)), ("box", boxes)):
+        checks.append((np.bitwise_or.reduce(group, axis=2) != _FULL, f"answer repeats a digit in a {unit}"))
+    for bad, message in checks:
+        row = _first_bad_row(bad.reshape(len(bad), -1).any(axis=1))
+        if row is not None:
+            raise DatasetError(f"{path}:{lines[row]}: {message}; fix or drop that row")
+
+
+def read_sudoku_csv(path: str | os.PathLike, min_difficulty: int | None = None,
+                    chunk_rows: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
+    """Read a Sudoku-Extreme CSV (header ``source,question,answer,rating``).
+
+    Questions use ``.`` (or ``0``) for blanks and digits 1-9; answers are 81 digits that
+    agree with the clues and form a valid grid. Rows with ``rating < min_difficulty`` are
+    skipped.
+
+    Returns:
+        questions, answers: uint8 [N, 81] digits, 0 = blank.
+    Raises:
+        DatasetError: missing file, bad header, or a malformed row (message gives file:line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path} not found: --source-dir must hold Sudoku-Extreme train.csv and test.csv "
+                           "(Hugging Face dataset sapientinc/sudoku-extreme)")
+    digits = np.full(256, 255, np.uint8)  # byte -> digit, 255 = not allowed
+    digits[ord("0"):ord("9") + 1] = np.arange(10)
+    digits[ord(".")] = 0
+    questions, answers = [], []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header != CSV_HEADER:
+            raise DatasetError(f"{path}:1: expected the header {','.join(CSV_HEADER)}, got {header}")
+        lines, text = [], []
+
+        def flush():
+            q, a = np.frombuffer(b"".join(text), np.uint8).reshape(len(lines), 2, 81).transpose(1, 0, 2)
+            q, a = digits[q], digits[a]
+            row = _first_bad_row(((q == 255) | (a == 255)).any(axis=1))
+            if row is not None:
+                raise DatasetError(f"{path}:{lines[row]}: question/answer may only hold digits 1-9 and '.' for blanks")
+            _check_chunk(path, lines, q, a)
+            questions.append(q)
+            answers.append(a)
+            lines.clear()
+            text.clear()
+
+        for row in tqdm(reader, desc=f"read {path.name}", unit="row"):
+            where = f"{path}:{reader.line_num}"
+            if not row:
+                continue  # blank line
+            if len(row) != 4:
+                raise DatasetError(f"{where}: expected 4 columns ({','.join(CSV_HEADER)}), got {len(row)}")
+            _, q, a, rating = row
+            if len(q) != 81 or len(a) != 81:
+                raise DatasetError(f"{where}: question and answer must be 81 characters, got {len(q)} and {len(a)}")
+            if min_difficulty is not None:
+                try:
+                    if int(rating) < min_difficulty:
+                        continue
+                except ValueError:
+                    raise DatasetError(f"{where}: rating {rating!r} is not an integer") from None
+            if not (q.isascii() and a.isascii()):
+                raise DatasetError(f"{where}: question/answer may only hold digits 1-9 and '.' for blanks")
+            lines.append(reader.line_num)
+            text.append((q + a).encode())
+            if len(lines) == chunk_rows:
+                flush()
+        if lines:
+            flush()
+    if not questions:
+        raise DatasetError(f"{path}: no puzzles" + (f" with rating >= {min_difficulty}" if min_difficulty is not None else ""))
+    return np.concatenate(questions), np.concatenate(answers)
+
+
+# ----------------------------------------------------------------------------------------
+# Writing
+
+
+def _write_split(directory: Path, questions: np.ndarray, answers: np.ndarray, num_aug: int, rng: np.random.Generator) -> None:
+    """Write one split: group g holds original puzzle g then its ``num_aug`` augmentations."""
+    variants = 1 + num_aug
+    inputs = np.empty((len(questions) * variants, SEQ_LEN), np.uint8)
+    labels = np.empty_like(inputs)
+    for g in tqdm(range(len(questions)), desc=f"write {directory.name}", unit="group", disable=num_aug == 0):
+        first = g * variants
+        inputs[first], labels[first] = questions[g], answers[g]
+        if num_aug:
+            inputs[first + 1:first + variants], labels[first + 1:first + variants] = shuffle_sudoku(
+                np.repeat(questions[g:g + 1], num_aug, 0), np.repeat(answers[g:g + 1], num_aug, 0), rng)
+    inputs += 1  # tokens: blank 0 -> 1, digit d -> d + 1
+    labels += 1
+    num_puzzles = len(inputs)  # one example per puzzle
+    arrays = {
+        "inputs": inputs,
+        "labels": labels,
+        "puzzle_identifiers": np.zeros(num_puzzles, np.int32),
+        "puzzle_indices": np.arange(num_puzzles + 1, dtype=np.int32),
+        "group_indices": np.arange(0, num_puzzles + 1, variants, dtype=np.int32),
+    }
+    metadata = PuzzleDatasetMetadata(
+        pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=VOCAB_SIZE, seq_len=SEQ_LEN,
+        num_puzzle_identifiers=1, total_groups=len(questions), mean_puzzle_examples=1.0, sets=["all"],
+    )
+    directory.mkdir(parents=True)
+    with open(directory / "dataset.json", "w") as f:
+        json.dump(asdict(metadata), f)
+    for name, array in arrays.items():
+        np.save(directory / f"all__{name}.npy", array)
+
+
+def _check_output(output_dir: Path, overwrite: bool) -> None:
+    """Refuse to build over a file, a non-empty non-dataset directory, or a dataset without ``overwrite``."""
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise DatasetError(f"--output-dir {output_dir} is a file; pick a directory path")
+    if any(output_dir.iterdir()):
+        if not overwrite:
+            raise DatasetError(f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path")
+        if not (output_dir / "identifiers.json").exists():
+            raise DatasetError(f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)")
+
+
+def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLike | None = None, generate: bool = False,
+                  train_size: int = 1000, test_size: int = 1000, min_blanks: int = 45, max_blanks: int | None = None,
+                  min_difficulty: int | None = None, subsample_size: int | None = None, num_aug: int = 0, seed: int = 0,
+                  workers: int = 1, overwrite: bool = False) -> Path:
+    """Build a Sudoku dataset at ``output_dir`` from Sudoku-Extreme CSVs or by generation.
+
+    The dataset is written to a temporary sibling directory and renamed into place, so an
+    interrupted build never leaves a half-written dataset. Deterministic for a given seed
+    (also for any ``workers``). Generated test grids are never equivalent (under the Sudoku
+    symmetries) to a training grid, so no test puzzle is a training puzzle or an augmentation of one.
+
+    Args:
+        output_dir: dataset root to create (see utils/data/puzzle_dataset.py for the layout).
+        source_dir: directory with ``train.csv`` and ``test.csv`` (exclusive with ``generate``).
+        generate: generate ``train_size`` + ``test_size`` puzzles with ``min_blanks`` to ``max_blanks``
+            blanks (``max_blanks`` None: as many as uniqueness allows, 53-60).
+        min_difficulty: keep CSV rows with rating >= this (``source_dir`` only).
+        subsample_size: keep this many randomly chosen training puzzles (before augmentation).
+        num_aug: augmented variants per training puzzle (the test set is not augmented).
+        workers: processes for generation.
+        overwrite: replace an existing dataset at ``output_dir``.
+    Returns:
+        ``output_dir`` as a Path.
+    Raises:
+        DatasetError: bad arguments, bad CSV content, or a non-empty ``output_dir``.
+    """
+    output_dir = Path(output_dir)
+    if (source_dir is None) == (not generate):
+        raise DatasetError("choose exactly one source: --source-dir DIR (Sudoku-Extreme train.csv/test.csv) or --generate")
+    for name, value, low in (("train_size", train_size, 1), ("test_size", test_size, 1), ("num_aug", num_aug, 0),
+                             ("seed", seed, 0), ("workers", workers, 1)):
+        if value < low:
+            raise DatasetError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if subsample_size is not None and subsample_size < 1:
+        raise DatasetError(f"--subsample-size must be >= 1, got {subsample_size}")
+    if not 0 <= min_blanks <= MAX_BLANKS:
+        raise DatasetError(f"--min-blanks must be in [0, {MAX_BLANKS}] (a unique Sudoku needs 17 clues), got {min_blanks}")
+    if max_blanks is not None and not min_blanks <= max_blanks <= MAX_BLANKS:
+        raise DatasetError(f"--max-blanks must be in [--min-blanks={min_blanks}, {MAX_BLANKS}], got {max_blanks}")
+    if generate and min_difficulty is not None:
+        raise DatasetError("--min-difficulty filters Sudoku-Extreme ratings; use it with --source-dir, not --generate")
+    _check_output(output_dir, overwrite)
+
+    subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+    if generate:
+        start = time.perf_counter()
+        train_q, train_a, seen = generate_distinct(train_size, seed, 0, min_blanks, max_blanks, workers,
+                                                   desc="generate train")
+        test_q, test_a, _ = generate_distinct(test_size, seed, 1, min_blanks, max_blanks, workers, exclude=seen,
+                                            desc="generate test")
+        seconds = time.perf_counter() - start
+        print(f"generated {train_size + test_size} puzzles in {seconds:.1f} s "
+              f"({(train_size + test_size) / seconds:.1f} puzzles/s, {workers} worker(s))")
+    else:
+        source_dir = Path(source_dir)
+        train_q, train_a = read_sudoku_csv(source_dir / "train.csv", min_difficulty)
+        test_q, test_a = read_sudoku_csv(source_dir / "test.csv", min_difficulty)
+    if subsample_size is not None:
+        if subsample_size < len(train_q):
+            keep = subsample_rng.choice(len(train_q), size=subsample_size, replace=False)
+            train_q, train_a = train_q[keep], train_a[keep]
+        else:
+            print(f"--subsample-size {subsample_size} >= {len(train_q)} training puzzles: keeping all")
+
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = output_dir.parent / f".{output_dir.name}.building-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
+        _write_split(staging / "test", test_q, test_a, 0, augment_rng)
+        with open(staging / "identifiers.json", "w") as f:
+            json.dump(["<blank>"], f)
+        if output_dir.exists():  # checked above: empty, or a dataset we may overwrite
+            shutil.rmtree(output_dir)
+        os.replace(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
+    return output_dir
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """Command-line entry point; returns the dataset path.
+
+    Raises:
+        DatasetError: as ``build_dataset`` (run as a script, it is printed as one line, exit status 1).
+    """
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] + " Reads Sudoku-Extreme CSVs or generates unique-solution puzzles offline.",
+        epilog="examples:\n"
+               "  python scripts/build_sudoku_dataset.py --generate --output-dir data/sudoku-gen-1k-aug-1000 --num-aug 1000\n"
+               "  python scripts/build_sudoku_dataset.py --source-dir data/raw/sudoku-extreme "
+               "--output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    source = parser.add_argument_group("source (pick one)")
+    source.add_argument("--source-dir", help="directory holding Sudoku-Extreme train.csv and test.csv "
+                                             "(columns source,question,answer,rating; '.' = blank)")
+    source.add_argument("--generate", action="store_true", help="generate unique-solution puzzles offline instead")
+    parser.add_argument("--output-dir", required=True, help="dataset directory to create")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
+    parser.add_argument("--subsample-size", type=int, help="keep this many random training puzzles (e.g. 1000 for the 1k recipe)")
+    parser.add_argument("--num-aug", type=int, default=0,
+                        help="augmented variants per training puzzle (default 0; the 1k recipe uses 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for generation, subsampling and augmentation (default 0)")
+    parser.add_argument("--min-difficulty", type=int, help="--source-dir only: keep puzzles with rating >= this")
+    parser.add_argument("--train-size", type=int, default=1000, help="--generate only: training puzzles (default 1000)")
+    parser.add_argument("--test-size", type=int, default=1000, help="--generate only: test puzzles (default 1000)")
+    parser.add_argument("--min-blanks", type=int, default=45,
+                        help=f"--generate only: at least this many blanks per puzzle, 0..{MAX_BLANKS} (default 45; "
+                             "minimal puzzles have 53-60)")
+    parser.add_argument("--max-blanks", type=int,
+                        help="--generate only: stop removing clues at this many blanks for easier puzzles "
+                             "(default: remove all that uniqueness allows)")
+    parser.add_argument("--workers", type=int, default=1, help="--generate only: worker processes (default 1)")
+    args = parser.parse_args(argv)
+    return build_dataset(
+        args.output_dir, source_dir=args.source_dir, generate=args.generate, train_size=args.train_size,
+        test_size=args.test_size, min_blanks=args.min_blanks, max_blanks=args.max_blanks, min_difficulty=args.min_difficulty,
+        subsample_size=args.subsample_size, num_aug=args.num_aug, seed=args.seed, workers=args.workers,
+        overwrite=args.overwrite,
+    )
