@@ -1,4 +1,4 @@
-"""torchrun helpers shared by both trainers: join the job, and agree on a flag across ranks."""
+"""torchrun helpers shared by both trainers: join the job, agree on a flag, share rank 0's decision."""
 
 from __future__ import annotations
 
@@ -49,3 +49,17 @@ def any_rank(flag: bool, rank: Dist) -> bool:
     if rank.world_size > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def main_decides(value, rank: Dist):
+    """Rank 0's ``value`` on every rank (any picklable object).
+
+    A branch that leads to a collective (a checkpoint barrier, an early stop) must be taken by all
+    ranks or none; deciding it on rank 0 and sharing the decision keeps ranks from diverging when
+    their local views differ (e.g. a validation score only rank 0 computed).
+    """
+    if rank.world_size == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

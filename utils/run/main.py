@@ -1,0 +1,76 @@
+"""The one main wrapper: logging set-up, torchrun membership, graceful stop, and the one error path.
+
+Every entry point (``pretrain.py``, the CAPE trainer, ``evaluate.py``, the dataset builders) runs
+through :func:`cli_main` or :func:`run_main`. A :class:`~utils.errors.UserError` (bad input) is
+printed as ``error: <message>`` with exit code 2, a :class:`~utils.errors.RunFailure` (a run that
+could not go on) the same way with exit code 1. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Callable, NoReturn
+
+import torch.distributed as dist
+
+from utils.distributed import Dist, init_distributed
+from utils.errors import RunFailure, UserError
+from utils.run.stop import GracefulStop
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with the project's error style: a bad flag is one ``error:`` line and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+def setup_logging(rank: Dist = Dist()) -> None:
+    """One logging set-up for every entry point: INFO on rank 0, warnings only on the other ranks.
+
+    The handler is added only when the root logger has none (a test harness may have its own).
+    """
+    logging.basicConfig(format=LOG_FORMAT, datefmt="%H:%M:%S")
+    logging.getLogger().setLevel(logging.INFO if rank.is_main else logging.WARNING)
+
+
+def report_error(error: Exception, rank: Dist = Dist()) -> int:
+    """Print ``error`` as one line on stderr (prefixed with the rank under torchrun); return its exit code."""
+    where = f"[rank {rank.rank}] " if rank.world_size > 1 else ""
+    print(f"{where}error: {error}", file=sys.stderr, flush=True)
+    return error.exit_code
+
+
+def cli_main(body: Callable[[], int | None]) -> int:
+    """Run a single-process command (``evaluate.py``, a builder) with the shared logging and error path."""
+    setup_logging()
+    try:
+        return body() or 0
+    except (UserError, RunFailure) as e:
+        return report_error(e)
+
+
+def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
+    """Run a trainer: join the torchrun job if any, catch SIGINT/SIGTERM for a graceful stop, report errors.
+
+    ``body(rank, stopper)`` returns the exit code. Under torchrun the ranks leave together (a rank that
+    exits while rank 0 still writes aborts in gloo's teardown).
+    """
+    rank = init_distributed()
+    setup_logging(rank)
+    try:
+        with GracefulStop() as stopper:
+            code = body(rank, stopper)
+        if rank.world_size > 1:
+            dist.barrier()
+        return code
+    except (UserError, RunFailure) as e:
+        return report_error(e, rank)
+    finally:
+        if rank.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,39 @@
+"""Graceful stop on SIGINT/SIGTERM, shared by both trainers."""
+
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+from tqdm import tqdm
+
+
+class GracefulStop:
+    """Within ``with``, the first SIGINT/SIGTERM asks the loop to stop after the current step.
+
+    The loop checks :attr:`requested` (agreed across ranks), writes a checkpoint and exits
+    cleanly; a second Ctrl-C interrupts at once. The previous handlers come back on exit.
+    """
+
+    def __init__(self):
+        self.signal_name: Optional[str] = None
+        self._previous: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+    def __enter__(self) -> "GracefulStop":
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, _frame):
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal_name = signal.Signals(signum).name
+        tqdm.write(f"{self.signal_name} received: finishing this step, then checkpointing (Ctrl-C again to abort)")
