@@ -7,6 +7,7 @@ module reads are monkeypatched with fixed answers, so these tests need no GPU an
 import os
 import platform
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,9 @@ import pytest
 import torch
 from torch import nn
 
+import utils.device as device_mod
 import utils.hardware_optimizer as ho
+from utils.config import ConfigError
 
 GiB = 2**30
 
@@ -100,38 +103,34 @@ def test_memory_classes(memory, profile):
 
 
 def test_every_profile_has_the_same_knobs_and_cape_keeps_batch_16():
-    keys = {"global_batch_size", "batch_size", "accumulation_steps", "num_workers", "compile", "gradient_checkpointing"}
+    keys = {"global_batch_size", "batch_size", "accumulation_steps", "num_workers"}  # memory-dependent knobs only
     assert set(ho.HARDWARE_PROFILES) == set(ho.PROFILE_DESCRIPTIONS) == {
         "gpu_24gb", "gpu_16gb", "gpu_low_mem", "apple_silicon", "cpu"}
     for knobs in ho.HARDWARE_PROFILES.values():
         assert set(knobs) == keys and knobs["batch_size"] * knobs["accumulation_steps"] == 16
-    assert ho.HARDWARE_PROFILES["gpu_low_mem"]["gradient_checkpointing"]
-    assert not ho.HARDWARE_PROFILES["gpu_24gb"]["gradient_checkpointing"]
 
 
 def test_auto_profile_from_each_kind_of_device(fake_cuda, fake_mac, monkeypatch):
     monkeypatch.delenv("DISABLE_COMPILE", raising=False)
     name, knobs, reason = ho.resolve_hardware_profile("auto", "cuda")
-    assert name == "gpu_24gb" and knobs["compile"] and "RTX 4090 has 23.6 GiB" in reason
+    assert name == "gpu_24gb" and knobs["global_batch_size"] == 768 and "RTX 4090 has 23.6 GiB" in reason
     assert knobs["num_workers"] == min(8, ho.get_optimal_num_workers())
     fake_cuda.memory = 8 * GiB
     assert ho.resolve_hardware_profile(None, torch.device("cuda", 0))[0] == "gpu_low_mem"
     name, knobs, _ = ho.resolve_hardware_profile("auto", "mps")
-    assert name == "apple_silicon" and not knobs["compile"]
+    assert name == "apple_silicon" and knobs["global_batch_size"] == 256
     assert ho.resolve_hardware_profile("auto", "cpu")[0] == "cpu"
 
 
-def test_disable_compile_and_core_count_adjust_the_knobs(fake_cuda, monkeypatch):
-    monkeypatch.setenv("DISABLE_COMPILE", "1")
+def test_core_count_caps_the_workers(fake_cuda, monkeypatch):
     monkeypatch.setattr(ho, "_cpu_count", lambda: 3)
     name, knobs, reason = ho.resolve_hardware_profile("auto", "cuda")
-    assert not knobs["compile"] and "compile off: DISABLE_COMPILE is set" in reason
     assert knobs["num_workers"] == 2 and "capped at 2 by 3 CPU cores" in reason
-    assert ho.HARDWARE_PROFILES[name]["compile"] and ho.HARDWARE_PROFILES[name]["num_workers"] == 8  # copies
+    assert ho.HARDWARE_PROFILES[name]["num_workers"] == 8  # the table is copied, not changed
 
 
 def test_explicit_profiles_are_validated():
-    with pytest.raises(ValueError, match=r"hardware='gpu_4090' is not a profile: use auto or one of gpu_24gb"):
+    with pytest.raises(ConfigError, match=r"hardware='gpu_4090' is not a profile: use auto or one of gpu_24gb"):
         ho.resolve_hardware_profile("gpu_4090", "cpu")
     name, knobs, reason = ho.resolve_hardware_profile("gpu_low_mem", "cpu")
     assert name == "gpu_low_mem" and "made for cuda, running on cpu" in reason
@@ -285,12 +284,28 @@ def test_compile_oom_is_not_hidden_by_the_fallback(monkeypatch):
     assert wrapped.compile_error is None
 
 
-def test_compile_skipped_where_policy_says_so(monkeypatch):
-    model = Tiny()
+def test_compile_decision_is_taken_once_by_the_device_policy(monkeypatch):
+    cpu, mps, cuda = torch.device("cpu"), torch.device("mps"), torch.device("cuda")
+    assert device_mod.compile_decision(cpu, False) == (False, "compile=false")
+    assert device_mod.compile_decision(mps, "auto") == (False, "torch.compile is not reliable on MPS")
+    monkeypatch.setattr(device_mod, "cpu_toolchain", lambda: (False, "no C++ compiler (g++/c++/clang++) on PATH"))
+    assert device_mod.compile_decision(cpu, "auto") == (False, "no C++ compiler (g++/c++/clang++) on PATH")
+    monkeypatch.setattr(device_mod, "cpu_toolchain", lambda: (True, "C++ toolchain works (g++)"))
+    assert device_mod.compile_decision(cpu, "auto") == (True, "C++ toolchain works (g++); compile=auto")
+    monkeypatch.setattr(device_mod.importlib.util, "find_spec", lambda name: None)
+    assert device_mod.compile_decision(cuda, True) == (False, "Triton is not installed")
     monkeypatch.setenv("DISABLE_COMPILE", "true")
-    assert ho.compile_model(model) is model
-    monkeypatch.delenv("DISABLE_COMPILE")
-    assert ho.compile_model(model, device="mps") is model
+    assert device_mod.compile_decision(cpu, True) == (False, "DISABLE_COMPILE is set")
+
+
+def test_cpu_toolchain_check_compiles_against_python_headers(monkeypatch):
+    device_mod.cpu_toolchain.cache_clear()
+    ok, why = device_mod.cpu_toolchain()
+    assert ok == (shutil.which("g++") is not None or shutil.which("c++") is not None), why
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    device_mod.cpu_toolchain.cache_clear()
+    assert device_mod.cpu_toolchain() == (False, "no C++ compiler (g++/c++/clang++) on PATH")
+    device_mod.cpu_toolchain.cache_clear()
 
 
 # ---- measuring -----------------------------------------------------------------------------------
@@ -323,7 +338,9 @@ def test_memory_tracker_cpu_sees_a_64_mib_tensor():
     # A fresh interpreter: in a long test session the allocator may hand back memory that is already resident.
     code = textwrap.dedent("""
         import torch
-        import utils.hardware_optimizer as ho
+        import utils.device as device_mod
+import utils.hardware_optimizer as ho
+from utils.config import ConfigError
         tracker = ho.MemoryTracker("cpu")
         base = tracker.current
         x = torch.ones(16 * 2**20)  # 64 MiB of float32, written, so resident

@@ -1,15 +1,28 @@
-"""Typed training configs: YAML files under ``config/`` plus ``key=value`` overrides.
+"""Typed training configs: YAML recipes under ``config/``, ``key=value`` overrides, and where each value came from.
 
-A config file may start with a Hydra-style ``defaults:`` list: a plain name pulls in
-``config/<name>.yaml`` (inheritance), and ``{arch: hrm_v1}`` fills the ``arch`` group from
-``config/arch/hrm_v1.yaml``; ``_self_`` marks where the file's own keys are merged. The
-result is validated against :class:`PretrainConfig`, so an unknown key or a value of the
-wrong type is an error that names the key and lists the valid ones.
+Settings are merged in one order, each layer overriding the ones before it:
+
+1. the defaults of :class:`PretrainConfig` (the reference ``cfg_pretrain`` values);
+2. the hardware profile (``hardware=auto|<profile>``; memory-dependent knobs only, see
+   :mod:`utils.hardware_optimizer`);
+3. the YAML recipe: ``config/<name>.yaml`` with its Hydra-style ``defaults:`` list resolved (a plain
+   name pulls in ``config/<name>.yaml``, ``{arch: hrm_v1}`` fills the ``arch`` group from
+   ``config/arch/hrm_v1.yaml``, ``_self_`` marks where the file's own keys go), one layer per file;
+4. the command line: ``key=value`` and ``arch.key=value``; ``arch=<name>`` swaps the recipe's
+   architecture file for ``config/arch/<name>.yaml``, as Hydra does.
+
+:func:`merge_layers` keeps, for every key, the layer that set it last, so a run can say which
+layer each non-default value came from. The merged result is validated against
+:class:`PretrainConfig`: an unknown key or a value of the wrong type or range is a
+:class:`ConfigError` that names the key. ``arch.*`` keys are validated by the model registry
+(:mod:`models`), since each architecture has its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -17,49 +30,27 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from utils.errors import UserError
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "config"
+Layer = tuple[str, dict]
 
 
-class ConfigError(ValueError):
-    """A config file or override is missing, unknown, or of the wrong type."""
-
-
-@dataclass
-class LossConfig:
-    name: str = "losses@ACTLossHead"
-    loss_type: str = "stablemax_cross_entropy"
-
-
-@dataclass
-class ArchConfig:
-    """HRM architecture keys (reference names). Dataset-dependent sizes are filled in by the trainer."""
-
-    name: str = "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1"
-    loss: LossConfig = field(default_factory=LossConfig)
-    halt_exploration_prob: float = 0.1
-    halt_max_steps: int = 16
-    H_cycles: int = 2
-    L_cycles: int = 2
-    H_layers: int = 4
-    L_layers: int = 4
-    hidden_size: int = 512
-    num_heads: int = 8
-    expansion: float = 4.0
-    puzzle_emb_ndim: int = 512
-    pos_encodings: str = "rope"
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
+class ConfigError(UserError):
+    """A config file or override is missing, unknown, or of the wrong type or range."""
 
 
 @dataclass
 class PretrainConfig:
-    """Everything ``pretrain.py`` reads. Defaults are the reference ``cfg_pretrain``."""
+    """Everything ``pretrain.py`` reads. Defaults are the reference ``cfg_pretrain`` (``sapientinc/HRM`` config/)."""
 
-    arch: ArchConfig = field(default_factory=ArchConfig)
+    # The architecture: ``name`` (a registry name, see models/__init__.py), ``loss``, and its own keys.
+    arch: dict[str, Any] = field(default_factory=lambda: {"name": "hrm_v1"})
     data_path: str = "data/arc-aug-1000"
-    # Builder options for a dataset generated on first use when data_path is missing
-    # (a dict of scripts/build_sudoku_dataset.py flags without the dashes); null: never build.
+    # How to build the dataset at data_path when it is missing (scripts/build_sudoku_dataset.py flags
+    # without the dashes); used only at the recipe's own data_path, or anywhere with build_data=true.
     dataset_builder: Optional[dict[str, Any]] = None
+    build_data: bool = False
 
     global_batch_size: int = 768
     epochs: int = 100000
@@ -81,18 +72,26 @@ class PretrainConfig:
     project_name: Optional[str] = None
     run_name: Optional[str] = None
     checkpoint_path: Optional[str] = None
+    logger: str = "tensorboard"  # tensorboard | wandb (TensorBoard plus Weights & Biases)
     log_interval: int = 10  # optimizer steps between metrics.jsonl/TensorBoard points
     keep_last_checkpoints: int = 3  # 0 keeps all
-    resume: Optional[str] = None  # a step_<N>.pt, a run directory (its newest valid checkpoint), or auto
+    resume: Optional[str] = None  # auto, a run directory (its newest valid checkpoint), or a step_<N>.pt
     max_nonfinite_steps: int = 10  # stop after this many NaN/inf steps in a row
     deterministic: bool = False  # torch.use_deterministic_algorithms: bitwise-reproducible runs (slower)
 
     device: str = "auto"
-    # A hardware profile (auto, gpu_24gb, gpu_16gb, gpu_low_mem, apple_silicon, cpu) sets
-    # global_batch_size and compile for the machine; key=value overrides still win. null: off.
+    # A hardware profile (auto, gpu_24gb, gpu_16gb, gpu_low_mem, apple_silicon, cpu) fills global_batch_size
+    # where the recipe and the command line leave it unset. null: off.
     hardware: Optional[str] = None
     forward_dtype: str = "auto"  # auto | bfloat16 | float32
-    compile: bool = True
+    compile: Any = "auto"  # auto (CUDA; CPU with a working C++ toolchain; never MPS) | true | false
+
+
+# Keys that only steer the run (where it writes, how it logs, whether it resumes), not what it trains:
+# left out of the settings fingerprint that identifies "the same run" (utils/run/run_dir.py).
+RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "logger", "log_interval",
+                    "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
+                    "eval_max_examples")
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -101,79 +100,181 @@ def _load_yaml(path: Path) -> DictConfig:
     try:
         cfg = OmegaConf.load(path)
     except Exception as e:  # yaml.YAMLError and friends: report the file, not a parser traceback
-        raise ConfigError(f"could not parse {path}: {e}") from e
+        raise ConfigError(f"could not parse {path}: {str(e).splitlines()[0]}") from None
     if not isinstance(cfg, DictConfig):
         raise ConfigError(f"{path} must hold a mapping of keys to values")
     return cfg
 
 
-def compose(name: str, config_dir: Path = CONFIG_DIR, _seen: tuple[str, ...] = ()) -> DictConfig:
-    """Load ``config_dir/<name>.yaml`` with its ``defaults:`` list resolved (unvalidated)."""
-    if name in _seen:
-        raise ConfigError(f"config {name!r} includes itself through defaults: {' -> '.join(_seen + (name,))}")
-    available = sorted(p.stem for p in config_dir.glob("*.yaml"))
-    path = config_dir / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"--config-name={name}: no {path}; available configs: {', '.join(available)}")
-    own = _load_yaml(path)
-    defaults = own.pop("defaults", ["_self_"])
-    merged = OmegaConf.create({})
-    self_merged = False
-    for entry in defaults:
-        if entry == "_self_":
-            merged = OmegaConf.merge(merged, own)
-            self_merged = True
-        elif isinstance(entry, str):
-            merged = OmegaConf.merge(merged, compose(entry, config_dir, _seen + (name,)))
-        elif isinstance(entry, DictConfig) and len(entry) == 1:
-            group, option = next(iter(entry.items()))
-            merged = OmegaConf.merge(merged, {group: _load_yaml(config_dir / group / f"{option}.yaml")})
-        else:
-            raise ConfigError(f"{path}: defaults entries must be a config name, {{group: option}} or _self_, got {entry}")
-    if not self_merged:
-        merged = OmegaConf.merge(merged, own)
-    return merged
+def _label(path: Path) -> str:
+    try:
+        return str(path.relative_to(CONFIG_DIR.parent))
+    except ValueError:
+        return str(path)
 
 
-def valid_keys(node: Any = None, prefix: str = "") -> list[str]:
-    """Dotted names of every settable key, e.g. ``lr``, ``arch.hidden_size``."""
-    node = PretrainConfig() if node is None else node
-    keys = []
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
-        if dataclasses.is_dataclass(value):
-            keys.extend(valid_keys(value, f"{prefix}{f.name}."))
-        else:
-            keys.append(prefix + f.name)
-    return keys
+def recipe_layers(name: str, config_dir: Path = CONFIG_DIR, groups: dict[str, str] | None = None,
+                  _seen: tuple[str, ...] = ()) -> list[tuple[str, DictConfig]]:
+    """The files of recipe ``name`` in merge order, each as ``(label, content)``.
 
-
-def load_config(name: str, overrides: list[str] = (), config_dir: Path = CONFIG_DIR) -> PretrainConfig:
-    """Compose ``name``, apply ``key=value`` overrides and validate against :class:`PretrainConfig`.
+    Args:
+        groups: config-group choices that replace the recipe's own, e.g. ``{"arch": "trm"}``.
 
     Raises:
-        ConfigError: a missing file, a malformed override, an unknown key (the message lists
-            the valid keys) or a value of the wrong type.
+        ConfigError: a missing file or group option (the available ones are listed), a cycle, or a bad
+            ``defaults`` entry.
     """
-    cfg = compose(name, config_dir)
+    groups = groups or {}
+    if name in _seen:
+        raise ConfigError(f"config {name!r} includes itself through defaults: {' -> '.join(_seen + (name,))}")
+    path = config_dir / f"{name}.yaml"
+    if not path.is_file():
+        available = sorted(p.stem for p in config_dir.glob("*.yaml"))
+        raise ConfigError(f"--config-name={name}: no {_label(path)}; available configs: {', '.join(available)}")
+    own = _load_yaml(path)
+    defaults = own.pop("defaults", ["_self_"])
+    layers: list[tuple[str, DictConfig]] = []
+    self_added = False
+    for entry in defaults:
+        if entry == "_self_":
+            layers.append((_label(path), own))
+            self_added = True
+        elif isinstance(entry, str):
+            layers += recipe_layers(entry, config_dir, groups, _seen + (name,))
+        elif isinstance(entry, DictConfig) and len(entry) == 1:
+            group, option = next(iter(entry.items()))
+            option = groups.get(group, option)
+            group_file = config_dir / group / f"{option}.yaml"
+            if not group_file.is_file():
+                available = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+                raise ConfigError(f"{group}={option}: no {_label(group_file)}; available: {', '.join(available)}")
+            layers.append((_label(group_file), OmegaConf.create({group: _load_yaml(group_file)})))
+        else:
+            raise ConfigError(f"{path}: defaults entries must be a config name, {{group: option}} or _self_, got {entry}")
+    if not self_added:
+        layers.append((_label(path), own))
+    return layers
+
+
+def command_line_layer(overrides: list[str]) -> tuple[DictConfig, dict[str, str]]:
+    """``key=value`` overrides as one layer, and the config-group choices among them (``arch=trm``).
+
+    Raises:
+        ConfigError: an item that is not ``key=value``, or that OmegaConf cannot parse.
+    """
+    groups, dotlist = {}, []
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"override {item!r} is not key=value (e.g. lr=1e-4 or arch.hidden_size=256)")
+        key, value = item.split("=", 1)
+        if key == "arch" and re.fullmatch(r"[A-Za-z0-9_\-]+", value):
+            groups["arch"] = value
+        else:
+            dotlist.append(item)
     try:
-        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+        return OmegaConf.from_dotlist(dotlist), groups
     except OmegaConfBaseException as e:
-        raise ConfigError(f"bad override: {e}") from e
+        raise ConfigError(f"bad override: {str(e).splitlines()[0]}") from None
+
+
+def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a.b": value}`` for every leaf of nested dicts (an empty dict counts as a leaf)."""
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(leaves(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def merge_layers(layers: list[Layer]) -> tuple[dict, dict[str, str]]:
+    """Merge nested dicts in order (later wins) and record which layer set each leaf.
+
+    Returns:
+        ``(merged, sources)``: the merged nested dict (interpolations kept as text), and
+        ``{dotted key: label of the last layer that set it}``.
+
+    Raises:
+        ConfigError: two layers disagree on whether a key is a mapping or a value.
+    """
+    merged = OmegaConf.create({})
+    sources: dict[str, str] = {}
+    for label, content in layers:
+        try:
+            merged = OmegaConf.merge(merged, content)
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"{label}: {str(e).splitlines()[0]}") from None
+        plain = OmegaConf.to_container(content, resolve=False) if isinstance(content, DictConfig) else content
+        for key in leaves(plain):
+            sources[key] = label
+    return OmegaConf.to_container(merged, resolve=False), sources
+
+
+def valid_keys(node: Any = None, prefix: str = "") -> list[str]:
+    """Dotted names of every settable top-level key (``arch.*`` keys are listed per architecture)."""
+    node = PretrainConfig() if node is None else node
+    keys = []
+    for f in dataclasses.fields(node):
+        keys.append(prefix + f.name + (".*" if f.name == "arch" else ""))
+    return keys
+
+
+def build_config(merged: dict) -> PretrainConfig:
+    """Validate a merged settings dict against :class:`PretrainConfig` (names, types, ranges).
+
+    Raises:
+        ConfigError: an unknown key (the valid ones are listed), a value of the wrong type, or out of range.
+    """
     schema = OmegaConf.structured(PretrainConfig)
     try:
-        typed = OmegaConf.merge(schema, cfg)
+        typed = OmegaConf.merge(schema, merged)
         OmegaConf.resolve(typed)
-        return OmegaConf.to_object(typed)
+        cfg = OmegaConf.to_object(typed)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         msg = str(e).splitlines()[0]
         if isinstance(e, ConfigKeyError):
-            raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid_keys())}") from e
-        raise ConfigError(f"config key {key!r}: {msg}") from e
+            raise ConfigError(f"unknown config key {key!r}; valid keys: {', '.join(valid_keys())}") from None
+        raise ConfigError(f"config key {key!r}: {msg}") from None
+    check_ranges(cfg)
+    return cfg
+
+
+def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is out of range: {rule}")
+
+
+def check_ranges(cfg: PretrainConfig) -> None:
+    """Values the trainer could not run with, found before anything is loaded or built.
+
+    Raises:
+        ConfigError: naming the key, its value and the allowed range.
+    """
+    for key in ("global_batch_size", "epochs", "eval_interval", "log_interval", "max_nonfinite_steps"):
+        _require(getattr(cfg, key) >= 1, key, getattr(cfg, key), "must be at least 1")
+    for key in ("lr_warmup_steps", "keep_last_checkpoints", "seed", "lr", "weight_decay", "puzzle_emb_lr",
+                "puzzle_emb_weight_decay"):
+        _require(getattr(cfg, key) >= 0, key, getattr(cfg, key), "must be 0 or more")
+    _require(cfg.epochs % cfg.eval_interval == 0, "eval_interval", cfg.eval_interval,
+             f"must divide epochs ({cfg.epochs}): evaluation runs every eval_interval epochs")
+    _require(cfg.eval_max_examples is None or cfg.eval_max_examples >= 1, "eval_max_examples", cfg.eval_max_examples,
+             "must be at least 1, or null for the whole test split")
+    _require(0 <= cfg.lr_min_ratio <= 1, "lr_min_ratio", cfg.lr_min_ratio, "must be in [0, 1]")
+    for key in ("beta1", "beta2"):
+        _require(0 <= getattr(cfg, key) < 1, key, getattr(cfg, key), "must be in [0, 1)")
+    _require(cfg.optimizer_backend in ("auto", "native", "torch", "adamw"), "optimizer_backend", cfg.optimizer_backend,
+             "use auto, native, torch or adamw")
+    _require(cfg.logger in ("tensorboard", "wandb"), "logger", cfg.logger, "use tensorboard or wandb")
+    _require(str(cfg.compile).lower() in ("auto", "true", "false"), "compile", cfg.compile, "use auto, true or false")
+    cfg.compile = {"auto": "auto", "true": True, "false": False}[str(cfg.compile).lower()]
+    _require(bool(cfg.data_path), "data_path", cfg.data_path, "must name a dataset directory")
+    for key in ("project_name", "run_name"):
+        value = getattr(cfg, key)
+        _require(value is None or (value and os.sep not in value and value not in (".", "..")), key, value,
+                 "must be a plain folder name (no path separators)")
+    if not isinstance(cfg.arch, dict) or not isinstance(cfg.arch.get("name"), str):
+        raise ConfigError("arch must be a mapping with a name (e.g. arch=hrm_v1 or arch=trm)")
 
 
 def to_dict(cfg: PretrainConfig) -> dict[str, Any]:

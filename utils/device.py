@@ -6,23 +6,30 @@ results down; no other module asks ``torch.cuda.is_available()`` on its own.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import platform
 import re
+import shutil
 import subprocess
+import sysconfig
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
+
+from utils.errors import UserError
 
 log = logging.getLogger(__name__)
 
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda)(:\d+)?$")
 
 
-class DeviceError(ValueError):
-    """A requested device string is malformed or names hardware this machine lacks."""
+class DeviceError(UserError):
+    """A requested device or dtype is malformed, or names hardware this machine lacks."""
 
 
 @dataclass(frozen=True)
@@ -163,11 +170,15 @@ def select_dtype(device: torch.device, forced: str | None = None) -> tuple[torch
         forced: None/``"auto"``, or ``"bfloat16"``/``"float32"`` to override the policy.
 
     Raises:
-        ValueError: ``forced`` is not one of the names above.
+        DeviceError: ``forced`` is not one of the names above (float16 included: the recurrent models
+            overflow in fp16 without loss scaling, and CPUs have no fast fp16).
     """
     if forced not in (None, "auto"):
+        if forced in ("float16", "fp16", "half"):
+            raise DeviceError(f"forward_dtype={forced} is not supported: the recurrent state overflows in fp16 without "
+                              "loss scaling; use forward_dtype=bfloat16 where the device runs it, else float32")
         if forced not in _DTYPES:
-            raise ValueError(f"forward_dtype={forced!r} is not supported: use auto, bfloat16 or float32")
+            raise DeviceError(f"forward_dtype={forced!r} is not supported: use auto, bfloat16 or float32")
         return _DTYPES[forced], "forced by forward_dtype"
     ok, why = bf16_support(device)
     return (torch.bfloat16, why) if ok else (torch.float32, why)
@@ -184,20 +195,75 @@ def configure_backends(device: torch.device, cudnn_benchmark: bool = True) -> No
         torch.backends.cudnn.benchmark = cudnn_benchmark
 
 
-def compile_decision(device: torch.device, requested: bool = True) -> tuple[bool, str]:
-    """Whether to ``torch.compile`` the model: off on MPS, when ``DISABLE_COMPILE`` is set, or when not requested."""
-    if not requested:
-        return False, "disabled by config"
+@lru_cache(maxsize=None)
+def cpu_toolchain() -> tuple[bool, str]:
+    """Whether torch.compile can build CPU kernels here: a C++ compiler that compiles against Python's headers.
+
+    Inductor's CPU backend compiles C++ that includes ``Python.h``; a missing compiler or missing headers
+    (no ``python3-dev``) only show up at the first compiled call otherwise. This compiles a one-line
+    file once (about 0.3 s) and caches the answer.
+    """
+    compiler = os.environ.get("CXX") or next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+    if compiler is None or shutil.which(compiler) is None:
+        return False, "no C++ compiler (g++/c++/clang++) on PATH"
+    include = sysconfig.get_paths()["include"]
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp, "probe.cpp")
+        src.write_text("#include <Python.h>\nint probe() { return 0; }\n")
+        try:
+            out = subprocess.run([compiler, "-c", str(src), "-I", include, "-o", str(Path(tmp, "probe.o"))],
+                                 capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            return False, f"{compiler} failed to run ({e})"
+    if out.returncode != 0:
+        return False, f"{compiler} cannot compile against Python's headers ({include}); install the Python dev headers"
+    return True, f"C++ toolchain works ({compiler})"
+
+
+def compile_support(device: torch.device) -> tuple[bool, str]:
+    """Whether ``torch.compile`` can run on ``device``: Triton on CUDA, a working C++ toolchain on CPU, never on MPS."""
     if os.environ.get("DISABLE_COMPILE", "").lower() not in ("", "0", "false", "no"):
         return False, "DISABLE_COMPILE is set"
     if device.type == "mps":
         return False, "torch.compile is not reliable on MPS"
-    return True, "enabled"
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return False, "Triton is not installed"
+        return True, "CUDA with Triton"
+    return cpu_toolchain()
 
 
-def autocast_context(device: torch.device, dtype: torch.dtype):
-    """An autocast context for ``dtype`` on ``device`` (disabled for fp32)."""
-    return torch.autocast(device_type=device.type, dtype=dtype, enabled=dtype != torch.float32)
+def compile_decision(device: torch.device, requested: bool | str = "auto") -> tuple[bool, str]:
+    """Whether to ``torch.compile`` the model, and why.
+
+    Args:
+        requested: ``"auto"`` (on for CUDA, and for the CPU when its C++ toolchain works; off on MPS),
+            True (on wherever it can run) or False.
+    """
+    if requested is False:
+        return False, "compile=false"
+    ok, why = compile_support(device)
+    if not ok:
+        return False, why
+    return True, f"{why}; compile={'auto' if requested == 'auto' else 'true'}"
+
+
+def memory_available(device: torch.device) -> int:
+    """Bytes a run can use on ``device``: the GPU's total memory, the Metal working-set limit, or the host's
+    available RAM (``MemAvailable``; the total where that is unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "mps":
+        return torch.mps.recommended_max_memory()
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            return int(re.search(r"MemAvailable:\s+(\d+) kB", f.read()).group(1)) * 1024
+    except (OSError, AttributeError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
 
 
 def describe(device: torch.device) -> str:

@@ -3,9 +3,9 @@
     python -m utils.hardware_optimizer                      # report + recommended commands for this machine
     python -m utils.hardware_optimizer --gpu-memory-gb 12   # what a 12 GB NVIDIA GPU would get
 
-Device and precision policy stay in :mod:`utils.device`; this module reads them to describe the
-machine and to pick a hardware profile: batch sizes, DataLoader workers, gradient checkpointing,
-accumulation and ``torch.compile`` for HRM (``global_batch_size``) and CAPE (the other knobs).
+Device, precision and compile policy stay in :mod:`utils.device`; this module reads them to describe
+the machine and to pick a hardware profile: the memory-dependent batch sizes, accumulation and
+DataLoader workers for HRM (``global_batch_size``) and CAPE (the other knobs).
 """
 
 from __future__ import annotations
@@ -25,29 +25,25 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from utils.config import ConfigError
 from utils.device import DeviceError, bf16_support, compile_decision, configure_backends, select_device, select_dtype
 
 log = logging.getLogger(__name__)
 
 GiB = 2**30
 
-# Per-profile knobs. CAPE's effective batch (batch_size x accumulation_steps) is 16 everywhere: the
-# CapeFormer recipe's batch (REFERENCE.md section 4), reached with accumulation where memory is short.
-# HRM's global_batch_size is the true batch (HRM has no accumulation): 768 is the reference recipe,
-# 384 the published single laptop GPU (8 GB) recipe; lr is not rescaled with it.
+# Per-profile knobs: the memory-dependent settings only. A profile fills what the YAML recipe and the
+# command line leave unset (settings merge in the order defaults, profile, recipe, command line).
+# CAPE's effective batch (batch_size x accumulation_steps) is 16 everywhere: the CapeFormer recipe's
+# batch (docs/REFERENCE.md, CAPE), reached with accumulation where memory is short. HRM's
+# global_batch_size is the true batch (HRM has no accumulation): 768 is the reference recipe, 384 the
+# published single laptop GPU (8 GB) recipe; lr is not rescaled with it.
 HARDWARE_PROFILES: dict[str, dict[str, Any]] = {
-    "gpu_24gb": dict(global_batch_size=768, batch_size=16, accumulation_steps=1, num_workers=8,
-                     compile=True, gradient_checkpointing=False),
-    "gpu_16gb": dict(global_batch_size=512, batch_size=8, accumulation_steps=2, num_workers=6,
-                     compile=True, gradient_checkpointing=False),
-    "gpu_low_mem": dict(global_batch_size=384, batch_size=4, accumulation_steps=4, num_workers=4,
-                        compile=False, gradient_checkpointing=True),
-    "apple_silicon": dict(global_batch_size=256, batch_size=8, accumulation_steps=2, num_workers=2,
-                          compile=False, gradient_checkpointing=False),
-    # compile pays off on CPU: it fuses the elementwise ops that dominate small models there
-    # (a small HRM's step ran 3.7x faster compiled than eager on a 2-core AVX512-BF16 machine).
-    "cpu": dict(global_batch_size=64, batch_size=2, accumulation_steps=8, num_workers=2,
-                compile=True, gradient_checkpointing=False),
+    "gpu_24gb": dict(global_batch_size=768, batch_size=16, accumulation_steps=1, num_workers=8),
+    "gpu_16gb": dict(global_batch_size=512, batch_size=8, accumulation_steps=2, num_workers=6),
+    "gpu_low_mem": dict(global_batch_size=384, batch_size=4, accumulation_steps=4, num_workers=4),
+    "apple_silicon": dict(global_batch_size=256, batch_size=8, accumulation_steps=2, num_workers=2),
+    "cpu": dict(global_batch_size=64, batch_size=2, accumulation_steps=8, num_workers=2),
 }
 
 PROFILE_DESCRIPTIONS = {
@@ -168,17 +164,13 @@ def get_optimal_num_workers() -> int:
     return max(0, min(8, _cpu_count() - 1))
 
 
-def _finish(name: str, device: torch.device, reason: str) -> tuple[str, dict[str, Any], str]:
-    """Copy the profile's knobs and fit them to this host (cores) and device (compile policy)."""
+def _finish(name: str, reason: str) -> tuple[str, dict[str, Any], str]:
+    """Copy the profile's knobs and fit them to this host's cores."""
     knobs = dict(HARDWARE_PROFILES[name])
     workers = get_optimal_num_workers()
     if knobs["num_workers"] > workers:
         knobs["num_workers"] = workers
         reason += f"; num_workers capped at {workers} by {_cpu_count()} CPU cores"
-    if knobs["compile"]:
-        knobs["compile"], why = compile_decision(device)
-        if not knobs["compile"]:
-            reason += f"; compile off: {why}"
     return name, knobs, reason
 
 
@@ -192,27 +184,25 @@ def resolve_hardware_profile(name: str | None, device: torch.device | str) -> tu
 
     Returns:
         ``(profile_name, knobs, reason)``: ``knobs`` is a fresh dict with ``global_batch_size``,
-        ``batch_size``, ``accumulation_steps``, ``num_workers`` (capped by this host's cores) and
-        ``compile`` (off where :func:`utils.device.compile_decision` says so), ``gradient_checkpointing``.
+        ``batch_size``, ``accumulation_steps`` and ``num_workers`` (capped by this host's cores).
 
     Raises:
-        ValueError: ``name`` is not a profile.
+        ConfigError: ``name`` is not a profile.
     """
     device = torch.device(device)
     if name in (None, "auto"):
         if device.type == "cuda":
             props = torch.cuda.get_device_properties(device)
             mem = props.total_memory / GiB
-            return _finish(profile_for_memory(mem), device, f"auto: {props.name} has {mem:.1f} GiB")
+            return _finish(profile_for_memory(mem), f"auto: {props.name} has {mem:.1f} GiB")
         if device.type == "mps":
-            return _finish("apple_silicon", device,
-                           f"auto: Apple Silicon GPU, {_system_memory_bytes() / GiB:.0f} GiB unified memory")
-        return _finish("cpu", device, "auto: no GPU")
+            return _finish("apple_silicon", f"auto: Apple Silicon GPU, {_system_memory_bytes() / GiB:.0f} GiB unified memory")
+        return _finish("cpu", "auto: no GPU")
     if name not in HARDWARE_PROFILES:
-        raise ValueError(f"hardware={name!r} is not a profile: use auto or one of {', '.join(HARDWARE_PROFILES)}")
+        raise ConfigError(f"hardware={name!r} is not a profile: use auto or one of {', '.join(HARDWARE_PROFILES)}")
     expected = "cuda" if name.startswith("gpu_") else "mps" if name == "apple_silicon" else "cpu"
     reason = "requested explicitly" + ("" if expected == device.type else f" (made for {expected}, running on {device.type})")
-    return _finish(name, device, reason)
+    return _finish(name, reason)
 
 
 def get_recommended_config(gpu_memory_gb: float | None = None,
@@ -233,8 +223,7 @@ def get_recommended_config(gpu_memory_gb: float | None = None,
     if gpu_memory_gb is not None:
         if not gpu_memory_gb > 0:
             raise ValueError(f"gpu_memory_gb={gpu_memory_gb} must be a positive number of GiB")
-        name, knobs, reason = _finish(profile_for_memory(gpu_memory_gb), torch.device("cuda"),
-                                      f"{gpu_memory_gb:g} GiB of GPU memory")
+        name, knobs, reason = _finish(profile_for_memory(gpu_memory_gb), f"{gpu_memory_gb:g} GiB of GPU memory")
     else:
         name, knobs, reason = resolve_hardware_profile("auto", _as_device(device))
     return {"profile": name, **knobs, "effective_batch_size": knobs["batch_size"] * knobs["accumulation_steps"],
@@ -279,12 +268,13 @@ def hardware_report(device: torch.device | str | None = None) -> str:
                  f"training dtype {str(select_dtype(device)[0]).removeprefix('torch.')}")
     rec = get_recommended_config(device=device)
     cmds = training_commands(rec["profile"], device.type)
+    ok, why = compile_decision(device)
     lines += [f"Recommended profile: {rec['profile']} ({PROFILE_DESCRIPTIONS[rec['profile']]})",
               f"  why            {rec['reason']}",
               f"  HRM            global_batch_size={rec['global_batch_size']}",
               f"  CAPE           batch_size={rec['batch_size']} x accumulation_steps={rec['accumulation_steps']} "
               f"(effective {rec['effective_batch_size']}), num_workers={rec['num_workers']}",
-              f"  both           compile={rec['compile']}, gradient_checkpointing={rec['gradient_checkpointing']}",
+              "  torch.compile  {} ({})".format(*(("on", why) if ok else ("off", why))),
               "Commands",
               f"  HRM            {cmds['hrm']}",
               f"  CAPE           {cmds['cape']}"]
@@ -410,26 +400,12 @@ class CompiledWithFallback(nn.Module):
             raise
 
 
-def compile_model(model: nn.Module, mode: str | None = "default", device: torch.device | str | None = None,
-                  backend: str | Callable = "inductor") -> nn.Module:
-    """Compile ``model`` where :func:`utils.device.compile_decision` allows it, falling back to eager.
+def compile_model(model: nn.Module, mode: str | None = "default", backend: str | Callable = "inductor") -> nn.Module:
+    """``torch.compile`` ``model`` with an eager fallback (:class:`CompiledWithFallback`).
 
-    Args:
-        model: the module to compile.
-        mode: ``torch.compile`` mode (``default``, ``reduce-overhead``, ``max-autotune``).
-        device: where it runs; None uses the device of its first parameter (CPU without parameters).
-        backend: ``torch.compile`` backend.
-
-    Returns:
-        ``model`` itself when compiling is off (MPS, ``DISABLE_COMPILE``), else a
-        :class:`CompiledWithFallback`.
+    Whether to compile at all is decided once, by :func:`utils.device.compile_decision`, when a run
+    resolves its plan; this function only wraps.
     """
-    if device is None:
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    ok, why = compile_decision(torch.device(device))
-    if not ok:
-        log.info("not compiling: %s", why)
-        return model
     return CompiledWithFallback(model, mode=mode, backend=backend)
 
 

@@ -38,11 +38,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import math
 import platform
-import shutil
 import sys
 import time
 import warnings
@@ -53,7 +51,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from utils.device import DeviceError, compile_decision, describe, is_apple_silicon, select_device
+from utils.device import DeviceError, compile_support, describe, is_apple_silicon, select_device
 
 log = logging.getLogger(__name__)
 
@@ -436,21 +434,6 @@ def select_backend(devices: Iterable[torch.device], backend: str = "auto") -> tu
     if reason:
         return "torch", f"pure-PyTorch AdamATan2 (same algorithm) because {reason}"
     return "native", "adam-atan2 CUDA kernel available and every parameter is on a supported GPU"
-
-
-def compile_support(device: torch.device) -> tuple[bool, str]:
-    """Whether ``torch.compile`` can build the fused update on ``device``: C++ compiler on CPU, Triton on CUDA."""
-    ok, why = compile_decision(device)
-    if not ok:
-        return False, why
-    if device.type == "cuda":
-        if importlib.util.find_spec("triton") is None:
-            return False, "Triton is not installed"
-        return True, "Triton available"
-    compiler = next((c for c in ("c++", "g++", "clang++") if shutil.which(c)), None)
-    if compiler is None:
-        return False, "no C++ compiler (c++/g++/clang++) on PATH"
-    return True, f"C++ compiler {compiler} found"
 
 
 def _compile_choice(devices: set[torch.device], requested: bool | None) -> tuple[bool, str]:
