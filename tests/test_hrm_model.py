@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import models.layers as layers
-from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1, strip_reference_prefix
+from models.checkpoints import strip_reference_prefix
+from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1
 from models.layers import Attention, RotaryEmbedding, apply_rotary_pos_emb, attention_backend, rms_norm, trunc_normal_init_
 from models.losses import ACTLossHead, log_stablemax, softmax_cross_entropy, stablemax_cross_entropy, stablemax_dtype
 from models.sparse_embedding import CastedSparseEmbedding, SparseEmbeddingSignSGD

@@ -7,7 +7,7 @@ last L and last H update carry gradients (the "1-step gradient"). A Q-head decid
 each segment whether to halt; it is trained by Q-learning. Construction, parameter names
 and initialisation match the reference implementation (REFERENCE.md §1), so its
 checkpoints load into :class:`HierarchicalReasoningModel_ACTV1` after stripping the
-``_orig_mod.model.`` prefix (see :func:`strip_reference_prefix`).
+``_orig_mod.model.`` prefix (see :func:`models.checkpoints.strip_reference_prefix`).
 """
 
 from __future__ import annotations
@@ -71,10 +71,17 @@ class HierarchicalReasoningModel_ACTV1Config:
 
     def validate(self) -> None:
         """Raises ValueError on values the model cannot be built with."""
+        if min(self.hidden_size, self.num_heads) < 1 or self.expansion <= 0 or self.puzzle_emb_ndim < 0:
+            raise ValueError(f"hidden_size ({self.hidden_size}) and num_heads ({self.num_heads}) must be >= 1, "
+                             f"expansion ({self.expansion}) > 0 and puzzle_emb_ndim ({self.puzzle_emb_ndim}) >= 0")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.pos_encodings not in ("rope", "learned"):
             raise ValueError(f"pos_encodings={self.pos_encodings!r}: use 'rope' or 'learned'")
+        if self.pos_encodings == "rope" and (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(f"rope needs an even head size, got hidden_size/num_heads = {self.hidden_size // self.num_heads}")
+        if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
+            raise ValueError(f"rms_norm_eps ({self.rms_norm_eps}) and rope_theta ({self.rope_theta}) must be > 0")
         if self.forward_dtype not in ("bfloat16", "float32", "float16"):
             raise ValueError(f"forward_dtype={self.forward_dtype!r}: use bfloat16, float32 or float16")
         if self.halt_max_steps < 1 or min(self.H_cycles, self.L_cycles, self.H_layers, self.L_layers) < 1:
@@ -236,6 +243,8 @@ class HierarchicalReasoningModel_ACTV1(nn.Module):
         ValueError: unknown/missing keys or invalid values.
     """
 
+    config_class = HierarchicalReasoningModel_ACTV1Config
+
     def __init__(self, config_dict: dict):
         super().__init__()
         self.config = HierarchicalReasoningModel_ACTV1Config.from_dict(dict(config_dict))
@@ -288,17 +297,3 @@ class HierarchicalReasoningModel_ACTV1(nn.Module):
                 outputs["target_q_continue"] = torch.sigmoid(
                     torch.where(is_last, next_q_halt, torch.maximum(next_q_halt, next_q_continue)))
         return Carry(inner_carry, steps, halted, current_data), outputs
-
-
-REFERENCE_PREFIXES = ("_orig_mod.", "model.")
-
-
-def strip_reference_prefix(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Map a reference checkpoint's keys (``_orig_mod.model.inner.*``) to this model's (``inner.*``)."""
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in REFERENCE_PREFIXES:
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-        out[key] = value
-    return out

@@ -1,0 +1,53 @@
+"""Model weights in the reference repositories' key format, both ways.
+
+The reference HRM and TRM save ``model.state_dict()`` of a ``torch.compile``d ``ACTLossHead``, so
+every key reads ``_orig_mod.model.inner.*`` (``model.inner.*`` when compile was off). Our
+checkpoints store the weights under the same keys, so each side loads the other's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from utils.run.checkpoint import CheckpointError
+
+REFERENCE_KEY_PREFIX = "_orig_mod.model."
+REFERENCE_PREFIXES = ("_orig_mod.", "model.")
+
+
+def strip_reference_prefix(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Map a reference checkpoint's keys (``_orig_mod.model.inner.*``) to a bare model's (``inner.*``)."""
+    out = {}
+    for key, value in state_dict.items():
+        for prefix in REFERENCE_PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+        out[key] = value
+    return out
+
+
+def reference_state_dict(head: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model weights of an ACT loss head under the reference's key names (``_orig_mod.model.inner.*``)."""
+    return {REFERENCE_KEY_PREFIX + k: v for k, v in head.model.state_dict().items()}
+
+
+def load_model_weights(head: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """Load weights saved by us or by the reference HRM/TRM into ``head.model``.
+
+    Raises:
+        CheckpointError: the checkpoint comes from a different architecture (missing or unexpected keys,
+            or a shape mismatch), with the first differences named.
+    """
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"checkpoint {source} does not hold model weights (a dict of tensors)")
+    state = strip_reference_prefix(state)
+    own = head.model.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                  for k in own if k in state and state[k].shape != own[k].shape]
+    if missing or unexpected or mismatched:
+        raise CheckpointError(
+            f"checkpoint {source} does not fit this architecture: missing {missing[:3]}, unexpected {unexpected[:3]}, "
+            f"shape mismatches {mismatched[:3]}; use the arch.* settings the checkpoint was trained with")
+    head.model.load_state_dict(state)
