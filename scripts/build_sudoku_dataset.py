@@ -10,11 +10,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
 
-from utils.data.puzzle_dataset import DatasetError  # noqa: E402
 from utils.data.sudoku import main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 
 if __name__ == "__main__":
-    try:
-        main()
-    except DatasetError as e:
-        sys.exit(f"error: {e}")
+    sys.exit(cli_main(lambda: main() and 0))

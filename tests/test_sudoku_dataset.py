@@ -337,10 +337,13 @@ def test_cli(tmp_path, capsys, monkeypatch):
     assert exit_info.value.code == 0 and "--generate" in capsys.readouterr().out
     with pytest.raises(DatasetError, match="choose exactly one source"):  # callers such as pretrain.py get the error
         builder.main(["--output-dir", str(tmp_path / "x")])
-    # Run as a script, an error is one line and the exit status 1.
+    # Run as a script, an error is one line and exit status 2, as for the trainers.
     monkeypatch.setattr(sys, "argv", ["build_sudoku_dataset.py", "--output-dir", str(tmp_path / "x")])
-    with pytest.raises(SystemExit, match="^error: choose exactly one source"):
+    with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO / "scripts" / "build_sudoku_dataset.py"), run_name="__main__")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == ("error: choose exactly one source: --source-dir DIR "
+                                               "(Sudoku-Extreme train.csv/test.csv) or --generate")
     # As a real script process (its own sys.path setup), end to end.
     out = tmp_path / "cli"
     result = subprocess.run([sys.executable, "scripts/build_sudoku_dataset.py", "--generate", "--train-size", "2",

@@ -24,11 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from utils.errors import UserError
+
 IGNORE_LABEL_ID = -100  # what ignored label positions become in batches (torch cross-entropy's default)
 ARRAY_FIELDS = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """A dataset is missing, malformed or inconsistent, or was asked for in an impossible way."""
 
 
@@ -105,6 +107,28 @@ def load_metadata(data_path: str | os.PathLike, split: str) -> PuzzleDatasetMeta
     if not 0 <= meta.blank_identifier_id < meta.num_puzzle_identifiers:
         raise DatasetError(f"{path}: blank_identifier_id {meta.blank_identifier_id} is outside [0, {meta.num_puzzle_identifiers})")
     return meta
+
+
+def check_splits(data_path: str | os.PathLike) -> tuple[PuzzleDatasetMetadata, PuzzleDatasetMetadata]:
+    """Read the train and test metadata of a dataset and check that one model can serve both.
+
+    Run before training, so a mismatch is found before the training time is spent, not at the first
+    evaluation.
+
+    Raises:
+        DatasetError: a split is missing or malformed, or they disagree on ``seq_len``, ``vocab_size``,
+            ``pad_id``, ``ignore_label_id`` or ``blank_identifier_id``, or the test split uses puzzle
+            identifiers beyond the training split's table.
+    """
+    train, test = load_metadata(data_path, "train"), load_metadata(data_path, "test")
+    for name in ("seq_len", "vocab_size", "pad_id", "ignore_label_id", "blank_identifier_id"):
+        if getattr(train, name) != getattr(test, name):
+            raise DatasetError(f"{data_path}: train and test disagree on {name} ({getattr(train, name)} vs "
+                               f"{getattr(test, name)}); both splits must come from one build of the dataset")
+    if test.num_puzzle_identifiers > train.num_puzzle_identifiers:
+        raise DatasetError(f"{data_path}: the test split has {test.num_puzzle_identifiers} puzzle identifiers, more than "
+                           f"the {train.num_puzzle_identifiers} of the training split; rebuild the dataset")
+    return train, test
 
 
 def _check_offsets(where: str, offsets: np.ndarray, total: int, what: str) -> None:

@@ -26,7 +26,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import sys
 import time
 from dataclasses import asdict
 from functools import partial
@@ -36,6 +35,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.puzzle_dataset import DatasetError, PuzzleDatasetMetadata
+from utils.run.main import ArgumentParser
 
 SEQ_LEN = 81
 VOCAB_SIZE = 11  # pad, blank, digits 1..9
@@ -362,48 +362,52 @@ def read_sudoku_csv(path: str | os.PathLike, min_difficulty: int | None = None,
     digits[ord("0"):ord("9") + 1] = np.arange(10)
     digits[ord(".")] = 0
     questions, answers = [], []
-    with open(path, newline="") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header != CSV_HEADER:
-            raise DatasetError(f"{path}:1: expected the header {','.join(CSV_HEADER)}, got {header}")
-        lines, text = [], []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header != CSV_HEADER:
+                raise DatasetError(f"{path}:1: expected the header {','.join(CSV_HEADER)}, got {header}")
+            lines, text = [], []
 
-        def flush():
-            q, a = np.frombuffer(b"".join(text), np.uint8).reshape(len(lines), 2, 81).transpose(1, 0, 2)
-            q, a = digits[q], digits[a]
-            row = _first_bad_row(((q == 255) | (a == 255)).any(axis=1))
-            if row is not None:
-                raise DatasetError(f"{path}:{lines[row]}: question/answer may only hold digits 1-9 and '.' for blanks")
-            _check_chunk(path, lines, q, a)
-            questions.append(q)
-            answers.append(a)
-            lines.clear()
-            text.clear()
+            def flush():
+                q, a = np.frombuffer(b"".join(text), np.uint8).reshape(len(lines), 2, 81).transpose(1, 0, 2)
+                q, a = digits[q], digits[a]
+                row = _first_bad_row(((q == 255) | (a == 255)).any(axis=1))
+                if row is not None:
+                    raise DatasetError(f"{path}:{lines[row]}: question/answer may only hold digits 1-9 and '.' for blanks")
+                _check_chunk(path, lines, q, a)
+                questions.append(q)
+                answers.append(a)
+                lines.clear()
+                text.clear()
 
-        for row in tqdm(reader, desc=f"read {path.name}", unit="row"):
-            where = f"{path}:{reader.line_num}"
-            if not row:
-                continue  # blank line
-            if len(row) != 4:
-                raise DatasetError(f"{where}: expected 4 columns ({','.join(CSV_HEADER)}), got {len(row)}")
-            _, q, a, rating = row
-            if len(q) != 81 or len(a) != 81:
-                raise DatasetError(f"{where}: question and answer must be 81 characters, got {len(q)} and {len(a)}")
-            if min_difficulty is not None:
-                try:
-                    if int(rating) < min_difficulty:
-                        continue
-                except ValueError:
-                    raise DatasetError(f"{where}: rating {rating!r} is not an integer") from None
-            if not (q.isascii() and a.isascii()):
-                raise DatasetError(f"{where}: question/answer may only hold digits 1-9 and '.' for blanks")
-            lines.append(reader.line_num)
-            text.append((q + a).encode())
-            if len(lines) == chunk_rows:
+            for row in tqdm(reader, desc=f"read {path.name}", unit="row"):
+                where = f"{path}:{reader.line_num}"
+                if not row:
+                    continue  # blank line
+                if len(row) != 4:
+                    raise DatasetError(f"{where}: expected 4 columns ({','.join(CSV_HEADER)}), got {len(row)}")
+                _, q, a, rating = row
+                if len(q) != 81 or len(a) != 81:
+                    raise DatasetError(f"{where}: question and answer must be 81 characters, got {len(q)} and {len(a)}")
+                if min_difficulty is not None:
+                    try:
+                        if int(rating) < min_difficulty:
+                            continue
+                    except ValueError:
+                        raise DatasetError(f"{where}: rating {rating!r} is not an integer") from None
+                if not (q.isascii() and a.isascii()):
+                    raise DatasetError(f"{where}: question/answer may only hold digits 1-9 and '.' for blanks")
+                lines.append(reader.line_num)
+                text.append((q + a).encode())
+                if len(lines) == chunk_rows:
+                    flush()
+            if lines:
                 flush()
-        if lines:
-            flush()
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path} is not UTF-8 text ({e.reason}); Sudoku-Extreme CSVs are ASCII: "
+                           "re-save the file as UTF-8") from None
     if not questions:
         raise DatasetError(f"{path}: no puzzles" + (f" with rating >= {min_difficulty}" if min_difficulty is not None else ""))
     return np.concatenate(questions), np.concatenate(answers)
@@ -545,7 +549,7 @@ def main(argv: list[str] | None = None) -> Path:
     Raises:
         DatasetError: as ``build_dataset`` (run as a script, it is printed as one line, exit status 1).
     """
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__.split("\n\n")[0] + " Reads Sudoku-Extreme CSVs or generates unique-solution puzzles offline.",
         epilog="examples:\n"
                "  python scripts/build_sudoku_dataset.py --generate --output-dir data/sudoku-gen-1k-aug-1000 --num-aug 1000\n"
