@@ -1,21 +1,23 @@
-"""HRM pretraining on puzzle datasets (Sudoku, mazes, ARC) on CUDA, Apple Silicon or CPU.
+"""Train HRM or TRM on a puzzle dataset (Sudoku, mazes, ARC) on CUDA, Apple Silicon or CPU.
 
     python pretrain.py --config-name=cfg_pretrain_cpu
     python pretrain.py --config-name=cfg_pretrain_apple_silicon lr=1e-4 arch.halt_max_steps=8
     torchrun --nproc-per-node 8 pretrain.py --config-name=cfg_pretrain data_path=data/sudoku-extreme-1k-aug-1000
 
-The loop follows the reference HRM (REFERENCE.md §1): the ACT carry persists across
-optimizer steps, AdamATan2 trains the weights and sign-SGD the puzzle embedding, the lr
-warms up linearly then follows a cosine, and every ``eval_interval`` epochs the model is
-evaluated on the test split and checkpointed.
+The loop follows the reference HRM (docs/REFERENCE.md, HRM): the ACT carry persists across
+optimizer steps, AdamATan2 trains the weights and sign-SGD the puzzle embedding, the lr warms up
+linearly then follows a cosine, and every ``eval_interval`` epochs the model is evaluated on the
+test split and checkpointed. Everything around the loop (settings, run directory, checkpoints,
+metrics, the non-finite guard, graceful stop, errors) is the shared run lifecycle in utils/run/.
 """
 
 import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
 
 import argparse
+import dataclasses
 import logging
-import math
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -27,160 +29,44 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from models.hrm.hrm_act_v1 import Carry, HierarchicalReasoningModel_ACTV1, InnerCarry, strip_reference_prefix
+from models import build_model, model_bytes, validate_arch
+from models.checkpoints import load_model_weights, reference_state_dict
+from models.hrm.hrm_act_v1 import Carry, InnerCarry
 from models.layers import attention_backend
-from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils.run.checkpoint import (CheckpointError, atomic_save, capture_rng_state, newest_valid_checkpoint, prune_checkpoints,
-                              restore_rng_state, safe_load)
+from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, merge_layers,
+                          recipe_layers, to_dict, valid_keys)
+from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_splits
+from utils.data.sudoku import build_dataset as build_sudoku
+from utils.device import compile_decision, configure_backends, describe, memory_available, select_device, select_dtype
+from utils.distributed import Dist, any_rank, main_decides
+from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.hardware_optimizer import compile_model, resolve_hardware_profile
-from utils.config import ConfigError, PretrainConfig, load_config, to_dict, valid_keys
-from utils.device import DeviceError, compile_decision, configure_backends, describe, select_device, select_dtype
 from utils.optimizer_utils import get_adam_atan2_optimizer
-from utils.distributed import Dist, any_rank, init_distributed
-from utils.run.training import GracefulStop, MetricsLogger
-from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
+from utils.run.checkpoint import (CheckpointError, CheckpointWriteError, atomic_save, capture_rng_state, restore_rng_state,
+                                  safe_load)
+from utils.run.guard import NonFiniteGuard, nonfinite_names, reset_nonfinite_carry_rows
+from utils.run.main import ArgumentParser, run_main
+from utils.run.metrics import MetricsWriter
+from utils.run.plan import Decision, Plan
+from utils.run.run_dir import (RunDirectory, find_matching_run, newest_loadable, recorded_checkpoints,
+                               settings_fingerprint)
+from utils.run.schedule import LRSchedule
+from utils.run.stop import GracefulStop
 
 log = logging.getLogger("pretrain")
 
-# Keys of a saved model state dict, as the reference writes them from a compiled ACTLossHead.
-REFERENCE_KEY_PREFIX = "_orig_mod.model."
-
-
-def cosine_lr(step: int, base_lr: float, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """Linear warmup over ``warmup_steps``, then a half cosine from ``base_lr`` to ``base_lr*min_ratio``.
-
-    ``step`` counts optimizer steps from 1. Matches the reference schedule; with the default
-    ``min_ratio`` of 1.0 the lr stays constant after warmup.
-    """
-    if step < warmup_steps:
-        return base_lr * step / max(1, warmup_steps)
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return base_lr * (min_ratio + max(0.0, (1 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))))
-
-
-def ensure_dataset(cfg: PretrainConfig, rank: Dist) -> None:
-    """Build the config's default dataset when ``data_path`` is missing, or explain how to get one."""
-    if Path(cfg.data_path, "train", "dataset.json").is_file():
-        return
-    if cfg.dataset_builder is None:
-        raise DatasetError(
-            f"data_path '{cfg.data_path}' has no dataset: build one with "
-            f"python scripts/build_sudoku_dataset.py --generate --output-dir {cfg.data_path} "
-            "(or --source-dir DIR for a local Sudoku-Extreme copy), or set data_path=...")
-    if rank.is_main:
-        from utils.data.sudoku import main as build_sudoku
-
-        argv = ["--output-dir", cfg.data_path]
-        for key, value in cfg.dataset_builder.items():
-            flag = "--" + key.replace("_", "-")
-            if value is True:
-                argv.append(flag)
-            elif value is not False and value is not None:
-                argv += [flag, str(value)]
-        log.info("data_path %s is missing: building it with scripts/build_sudoku_dataset.py %s", cfg.data_path, " ".join(argv))
-        build_sudoku(argv)
-    if rank.world_size > 1:
-        dist.barrier()
-
-
-def build_model(cfg: PretrainConfig, metadata: PuzzleDatasetMetadata, local_batch_size: int, dtype: torch.dtype,
-                device: torch.device) -> ACTLossHead:
-    """HRM wrapped in its ACT loss head, created directly on ``device``."""
-    arch = to_dict(cfg)["arch"]
-    loss_type = arch.pop("loss")["loss_type"]
-    arch.pop("name")
-    arch.update(batch_size=local_batch_size, seq_len=metadata.seq_len, vocab_size=metadata.vocab_size,
-                num_puzzle_identifiers=metadata.num_puzzle_identifiers, forward_dtype=str(dtype).removeprefix("torch."),
-                causal=False)
-    # Created on the device: the sparse embedding's gradient buffer must be a leaf there.
-    with torch.device(device):
-        model = HierarchicalReasoningModel_ACTV1(arch)
-    return ACTLossHead(model, loss_type=loss_type)
-
-
-def reference_state_dict(head: ACTLossHead) -> dict[str, torch.Tensor]:
-    """The model weights under the reference's key names (``_orig_mod.model.inner.*``)."""
-    return {REFERENCE_KEY_PREFIX + k: v for k, v in head.model.state_dict().items()}
-
-
-def load_model_weights(head: ACTLossHead, state: dict[str, torch.Tensor], source: str) -> None:
-    """Load weights saved by us or by the reference HRM into ``head``.
-
-    Raises:
-        ConfigError: the checkpoint comes from a different architecture (missing or
-            unexpected keys, or a shape mismatch), with the first differences named.
-    """
-    state = strip_reference_prefix(state)
-    own = head.model.state_dict()
-    missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
-                  for k in own if k in state and state[k].shape != own[k].shape]
-    if missing or unexpected or mismatched:
-        raise ConfigError(
-            f"checkpoint {source} does not fit this architecture: missing {missing[:3]}, unexpected {unexpected[:3]}, "
-            f"shape mismatches {mismatched[:3]}; use the arch.* settings the checkpoint was trained with")
-    head.model.load_state_dict(state)
-
-
-@torch.no_grad()
-def evaluate(forward, head: ACTLossHead, loader: PuzzleDataset, device: torch.device, rank: Dist,
-             max_examples: Optional[int] = None, progress: bool = True) -> dict[str, float]:
-    """Run every test batch for exactly ``halt_max_steps`` segments; return metrics averaged per puzzle.
-
-    Returns ``{metric: value}`` with ``accuracy``, ``exact_accuracy``, ``blank_accuracy``,
-    ``q_halt_accuracy``, ``steps`` and the losses, each divided by the number of real
-    (non-padding) examples; ``count`` is that number.
-    """
-    head.eval()
-    sums: dict[str, torch.Tensor] = {}
-    seen = 0
-    bar = tqdm(desc="eval", unit="ex", disable=not (progress and rank.is_main), leave=False)
-    for _set_name, batch, effective in loader:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        carry = head.initial_carry(batch)
-        while True:
-            carry, _, metrics, _, all_halted = forward(carry, batch)
-            if all_halted:
-                break
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0) + v.to(torch.float64)
-        seen += effective
-        bar.update(effective)
-        if max_examples is not None and seen >= max_examples:
-            break
-    bar.close()
-    head.train()
-    reduced = reduce_metrics(sums, rank)
-    if reduced is None:
-        return {}
-    count = max(reduced.pop("count"), 1.0)
-    out = {k: v / count for k, v in reduced.items()}
-    out["count"] = count
-    return out
-
-
-def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[str, float]]:
-    """Sum metric tensors across ranks onto rank 0; other ranks get None."""
-    if not sums:
-        return {}
-    keys = sorted(sums)
-    stacked = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys])
-    if rank.world_size > 1:
-        dist.reduce(stacked, dst=0)
-    if not rank.is_main:
-        return None
-    return dict(zip(keys, stacked.cpu().tolist()))
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description="Train HRM on a puzzle dataset. Settings come from config/<NAME>.yaml and key=value overrides.",
+    parser = ArgumentParser(
+        description="Train HRM or TRM on a puzzle dataset. Settings come from config/<NAME>.yaml and key=value "
+                    "overrides, merged in the order: defaults, hardware profile, the YAML recipe, the command line.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="overrides (key=value, arch.key=value):\n  " + "\n  ".join(valid_keys())
-        + "\n\nexamples:\n  python pretrain.py --config-name=cfg_pretrain_cpu epochs=2000 eval_interval=500\n"
-          "  python pretrain.py --config-name=cfg_pretrain_apple_silicon device=cpu forward_dtype=float32",
+        epilog="overrides (key=value; arch.key=value for the architecture; arch=<name> picks config/arch/<name>.yaml):\n  "
+               + "\n  ".join(valid_keys())
+               + "\n\nexamples:\n  python pretrain.py --config-name=cfg_pretrain_cpu epochs=2000 eval_interval=500\n"
+                 "  python pretrain.py --config-name=cfg_pretrain_apple_silicon device=cpu forward_dtype=float32\n"
+                 "  python pretrain.py --config-name=cfg_pretrain_cpu resume=auto      # continue the newest matching run",
     )
     parser.add_argument("--config-name", default="cfg_pretrain", help="config/<NAME>.yaml to load (default: cfg_pretrain)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lr=1e-4 arch.hidden_size=256")
@@ -189,205 +75,143 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    rank = init_distributed()
-    logging.basicConfig(level=logging.INFO if rank.is_main else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
-    try:
-        with GracefulStop() as stopper:
-            code = train(args, rank, stopper)
-        if rank.world_size > 1:
-            dist.barrier()  # leave together: a rank that exits while rank 0 still writes aborts in gloo's teardown
-        return code
-    except (ConfigError, DatasetError, DeviceError, CheckpointError, NonFiniteError) as e:
-        log.error("%s", e)
-        return 2
-    finally:
-        if rank.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+    return run_main(lambda rank, stopper: train(args, rank, stopper))
 
 
-def apply_hardware_profile(cfg: PretrainConfig, device: torch.device, explicit: set[str], rank: Dist) -> None:
-    """Set the memory-dependent knobs from ``cfg.hardware``; keys given as overrides keep their value."""
-    try:
-        name, knobs, reason = resolve_hardware_profile(cfg.hardware, device)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    applied = {k: knobs[k] for k in ("global_batch_size", "compile") if k not in explicit}
-    for key, value in applied.items():
-        setattr(cfg, key, value)
-    if rank.is_main:
-        log.info("hardware profile %s (%s): %s", name, reason, ", ".join(f"{k}={v}" for k, v in applied.items()) or "nothing changed")
+# ---- the plan: every setting and runtime decision, taken once -------------------------------------
+
+@dataclass
+class Setup:
+    """The resolved plan as the loop reads it."""
+
+    cfg: PretrainConfig
+    arch: dict[str, Any]
+    plan: Plan
+    device: torch.device
+    dtype: torch.dtype
+    compile: bool
+    local_batch_size: int
 
 
-def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
-    cfg = load_config(args.config_name, args.overrides)
-    if rank.world_size > 1:  # every rank trains with rank 0's config
-        box = [cfg]
-        dist.broadcast_object_list(box, src=0)
-        cfg = box[0]
-    if rank.uses_nccl:
-        device_choice = select_device(f"cuda:{rank.local_rank}")
-    else:
-        device_choice = select_device(cfg.device)
+def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
+    """Merge the settings (defaults, hardware profile, recipe, command line), validate them, and take the
+    device, precision and compile decisions. Rank 0's settings are shared with every rank.
+
+    Raises:
+        ConfigError, DeviceError: a bad setting, named in one line.
+    """
+    cli, groups = command_line_layer(args.overrides)
+    recipe = recipe_layers(args.config_name, groups=groups)
+    defaults = ("defaults", to_dict(PretrainConfig()))
+    merged, _ = merge_layers([defaults, *recipe, ("command line", cli)])
+    cfg = build_config(merged)
+    device_choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else cfg.device)
     device = device_choice.device
+    decisions = {"device": Decision(f"{device} - {describe(device)}", device_choice.reason)}
+    profile = []
     if cfg.hardware:
-        apply_hardware_profile(cfg, device, explicit={o.split("=", 1)[0] for o in args.overrides}, rank=rank)
-    if cfg.epochs % cfg.eval_interval:
-        raise ConfigError(f"epochs ({cfg.epochs}) must be a multiple of eval_interval ({cfg.eval_interval})")
+        name, knobs, reason = resolve_hardware_profile(cfg.hardware, device)
+        profile = [(f"hardware profile {name}", {"global_batch_size": knobs["global_batch_size"]})]
+        decisions["hardware profile"] = Decision(name, reason)
+    merged, sources = merge_layers([defaults, *profile, *recipe, ("command line", cli)])
+    cfg = main_decides(build_config(merged), rank)
+    arch = validate_arch(cfg.arch)
     if cfg.global_batch_size % rank.world_size:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
-    local_batch_size = cfg.global_batch_size // rank.world_size
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
-    configure_backends(device, cudnn_benchmark=not cfg.deterministic)
-    if cfg.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-        torch.use_deterministic_algorithms(True)
-
-    ensure_dataset(cfg, rank)
-    metadata = load_metadata(cfg.data_path, "train")
-    train_loader = PuzzleDataset(cfg.data_path, "train", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
-                                 world_size=rank.world_size, epochs_per_iter=cfg.eval_interval)
-    eval_loader = PuzzleDataset(cfg.data_path, "test", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
-                                world_size=rank.world_size)
-    total_steps = int(cfg.epochs * metadata.total_groups * metadata.mean_puzzle_examples / cfg.global_batch_size)
-    if total_steps < 1:
-        raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "
-                          f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
-
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    head = build_model(cfg, metadata, local_batch_size, dtype, device)
-    if rank.world_size > 1:
-        for tensor in list(head.model.parameters()) + list(head.model.buffers()):
-            dist.broadcast(tensor.data, src=0)
-    torch.manual_seed(cfg.seed + rank.rank)
-
-    adam = get_adam_atan2_optimizer(head.model.parameters(), lr=0.0, betas=(cfg.beta1, cfg.beta2),
-                                    weight_decay=cfg.weight_decay, backend=cfg.optimizer_backend)
-    optimizers: list[torch.optim.Optimizer] = [adam]
-    base_lrs = [cfg.lr]
-    if cfg.arch.puzzle_emb_ndim > 0:
-        optimizers.append(SparseEmbeddingSignSGD([head.model.puzzle_emb], lr=0.0, weight_decay=cfg.puzzle_emb_weight_decay))
-        base_lrs.append(cfg.puzzle_emb_lr)
-
     use_compile, compile_reason = compile_decision(device, cfg.compile)
-    forward = compile_model(head, device=device) if use_compile else head
+    attention, attention_reason = attention_backend(device, dtype)
+    decisions.update({"precision": Decision(str(dtype).removeprefix("torch."), dtype_reason),
+                      "torch.compile": Decision("on" if use_compile else "off", compile_reason),
+                      "attention": Decision(attention, attention_reason),
+                      "processes": Decision(rank.world_size, "torchrun" if rank.world_size > 1 else "single process")})
+    plan = Plan(to_dict(cfg) | {"arch": arch}, sources, decisions, defaults=to_dict(PretrainConfig()),
+                baseline_layers=("defaults", "config/arch/"))
+    return Setup(cfg, arch, plan, device, dtype, use_compile, cfg.global_batch_size // rank.world_size)
 
-    run_dir = choose_run_dir(cfg)
-    n_params = sum(p.numel() for p in head.model.parameters())
-    attn, attn_reason = attention_backend(device, dtype)
-    if rank.is_main:
-        log.info("device: %s (%s) - %s", device, device_choice.reason, describe(device))
-        log.info("precision: %s (%s)", str(dtype).removeprefix("torch."), dtype_reason)
-        log.info("optimizer: %s; puzzle embedding: sign-SGD", type(adam).__module__ + "." + type(adam).__name__)
-        log.info("attention: %s - %s", attn, attn_reason)
-        log.info("torch.compile: %s (%s)", "on" if use_compile else "off", compile_reason)
-        log.info("parameters: %s; data: %s (%d train groups, seq_len %d, vocab %d); processes: %d",
-                 f"{n_params:,}", cfg.data_path, metadata.total_groups, metadata.seq_len, metadata.vocab_size, rank.world_size)
-        log.info("run directory: %s; %d optimizer steps", run_dir, total_steps)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(to_dict(cfg), run_dir / "all_config.yaml")
-    logger = MetricsLogger(run_dir) if rank.is_main else None
 
-    state = TrainState()
-    resume_path = resolve_resume(cfg.resume, run_dir)
-    if resume_path is not None:
-        restore_training(resume_path, head, optimizers, train_loader, state, rank, device)
+# ---- data --------------------------------------------------------------------------------------------
+
+def prepare_data(cfg: PretrainConfig, sources: dict[str, str], rank: Dist) -> PuzzleDatasetMetadata:
+    """Make sure ``data_path`` holds a usable dataset (building it only where allowed); return the train metadata.
+
+    A dataset is built when ``data_path`` is missing and the recipe describes one (``dataset_builder``),
+    but only at the recipe's own ``data_path``, or anywhere with ``build_data=true``: a mistyped path on
+    the command line is an error, not a new dataset.
+
+    Raises:
+        DatasetError: no dataset there (with how to build one), or train and test do not fit one model.
+    """
+    path = Path(cfg.data_path)
+    if not (path / "train" / "dataset.json").is_file():
+        typed = sources.get("data_path") == "command line"
+        if cfg.dataset_builder is None or (typed and not cfg.build_data):
+            hint = ("add build_data=true to build the recipe's dataset there" if cfg.dataset_builder
+                    else f"build one with python scripts/build_sudoku_dataset.py --generate --output-dir {path}")
+            raise DatasetError(f"data_path '{path}' holds no dataset (no {path / 'train' / 'dataset.json'}): "
+                               f"check the path, or {hint}")
         if rank.is_main:
-            log.info("resumed from %s at step %d", resume_path, state.step)
-
-    sums: dict[str, torch.Tensor] = {}
-    examples_since_log = 0
-    t_log = time.perf_counter()
-    bar = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", disable=not rank.is_main, dynamic_ncols=True)
-    head.train()
-    total_iters = cfg.epochs // cfg.eval_interval
-    for iteration in range(train_loader.state_dict()["iteration"], total_iters):
-        for _set_name, batch, _effective in train_loader:
-            if state.step >= total_steps:
-                break
-            batch = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in batch.items()}
-            if state.carry is None:
-                state.carry = head.initial_carry(batch)
-            state.carry, loss, metrics, _, _ = forward(state.carry, batch)
-            (loss / cfg.global_batch_size).backward()
-            finite = all_reduce_grads_and_check(head, loss, rank)
-            state.step += 1
-            if finite:
-                state.nonfinite_in_a_row = 0
-                for opt, base_lr in zip(optimizers, base_lrs):
-                    for group in opt.param_groups:
-                        group["lr"] = cosine_lr(state.step, base_lr, cfg.lr_warmup_steps, total_steps, cfg.lr_min_ratio)
-                    opt.step()
-            else:
-                state.nonfinite_in_a_row += 1
-                state.nonfinite_total += 1
-                components = {k: float(v) for k, v in metrics.items() if k.endswith("loss")}
-                if rank.is_main:
-                    log.warning("step %d: non-finite loss or gradient (%s); skipped the update (%d in a row)",
-                                state.step, components, state.nonfinite_in_a_row)
-                if state.nonfinite_in_a_row >= cfg.max_nonfinite_steps:
-                    raise NonFiniteError(
-                        f"stopping at step {state.step}: {state.nonfinite_in_a_row} non-finite steps in a row "
-                        f"(last loss components {components}). Try a lower lr (lr={cfg.lr} now), a longer "
-                        "lr_warmup_steps, forward_dtype=float32, or check the dataset for bad labels; "
-                        f"resume from the last good checkpoint in {run_dir}")
-            for opt in optimizers:
-                opt.zero_grad(set_to_none=True)
-
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0) + v.detach().to(torch.float64)
-            examples_since_log += cfg.global_batch_size
-            bar.update(1)
-            step = state.step
-            if step % cfg.log_interval == 0 or step == total_steps:
-                reduced = reduce_metrics(sums, rank)
-                if rank.is_main and reduced:
-                    count = max(reduced.pop("count"), 1.0)
-                    n_steps = cfg.log_interval if step % cfg.log_interval == 0 else step % cfg.log_interval
-                    point = {f"train/{k}": v / (cfg.global_batch_size * n_steps if k.endswith("loss") else count)
-                             for k, v in reduced.items()}
-                    elapsed = time.perf_counter() - t_log
-                    point.update({"train/lr": cosine_lr(step, cfg.lr, cfg.lr_warmup_steps, total_steps, cfg.lr_min_ratio),
-                                  "train/examples_per_s": examples_since_log / elapsed,
-                                  "train/nonfinite_steps": state.nonfinite_total})
-                    logger.log(step, point)
-                    bar.set_postfix(loss=f"{point['train/lm_loss']:.3f}", acc=f"{point['train/accuracy']:.3f}",
-                                    ex_s=f"{point['train/examples_per_s']:.0f}")
-                sums, examples_since_log, t_log = {}, 0, time.perf_counter()
-            if any_rank(stopper.requested, rank):
-                path = save_checkpoint(run_dir, head, optimizers, train_loader, state, cfg, rank)
-                bar.close()
-                if rank.is_main:
-                    log.info("stopped by %s after step %d; resume with: python pretrain.py --config-name=%s %s resume=%s",
-                             stopper.signal_name or "a signal on another rank", state.step, args.config_name, " ".join(args.overrides), path or run_dir)
-                return 0
-
-        metrics = evaluate(forward, head, eval_loader, device, rank, cfg.eval_max_examples)
-        if rank.is_main:
-            logger.log(state.step, {f"eval/{k}": v for k, v in metrics.items()})
-            tqdm.write(f"step {state.step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()))
-        if cfg.checkpoint_every_eval or iteration == total_iters - 1:
-            save_checkpoint(run_dir, head, optimizers, train_loader, state, cfg, rank)
-    bar.close()
-    if logger is not None:
-        logger.close()
-        log.info("done: %d steps; checkpoints and metrics.jsonl in %s", state.step, run_dir)
-    return 0
+            log.info("data_path %s is missing: building it (dataset_builder: %s)", path, cfg.dataset_builder)
+            try:
+                build_sudoku(path, **cfg.dataset_builder)
+            except TypeError as e:
+                raise ConfigError(f"dataset_builder: {e}; use the flags of scripts/build_sudoku_dataset.py "
+                                  "without dashes, e.g. {generate: true, train_size: 1000}") from None
+        if rank.world_size > 1:
+            dist.barrier()
+    train, _test = check_splits(path)
+    return train
 
 
-def choose_run_dir(cfg: PretrainConfig) -> Path:
-    """``checkpoint_path`` if set; else the directory being resumed; else a new timestamped one."""
+# ---- the run directory and resuming --------------------------------------------------------------------
+
+def default_run_parent(cfg: PretrainConfig) -> Path:
+    return Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name)
+
+
+def open_run(cfg: PretrainConfig, setup: Setup) -> tuple[RunDirectory, Optional[Path]]:
+    """Rank 0: claim the run directory and find the checkpoint to resume from (or None).
+
+    Where the run lives, in order: ``checkpoint_path``; the directory of ``resume=<file or dir>``;
+    with ``resume=auto`` and no ``run_name``, the newest run under ``checkpoints/<project>/`` started
+    with the same settings; else ``checkpoints/<project>/<run_name or arch-timestamp>``.
+
+    Raises:
+        CheckpointError: ``resume`` names a file that does not load, or a directory without a valid checkpoint.
+        RunDirError: the directory holds another run and ``resume`` is not set, or it is not writable.
+    """
+    fingerprint = settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS)
+    resume = cfg.resume
+    explicit = Path(resume) if resume and resume != "auto" else None
+    if explicit is not None and not explicit.exists():
+        raise CheckpointError(f"resume={resume}: no such file or directory")
     if cfg.checkpoint_path:
-        return Path(cfg.checkpoint_path)
-    if cfg.resume and cfg.resume != "auto":
-        return Path(cfg.resume) if Path(cfg.resume).is_dir() else Path(cfg.resume).parent
-    return Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name) / (
-        cfg.run_name or time.strftime("hrm-%Y%m%d-%H%M%S"))
+        path = Path(cfg.checkpoint_path)
+    elif explicit is not None:
+        path = explicit if explicit.is_dir() else explicit.parent
+    else:
+        parent = default_run_parent(cfg)
+        found = find_matching_run(parent, "pretrain", fingerprint) if resume == "auto" and not cfg.run_name else None
+        path = found or parent / (cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
+    hint = f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path else f"rerun with resume={path}"
+    run = RunDirectory.claim(path, trainer="pretrain", fingerprint=fingerprint, resuming=bool(resume), resume_hint=hint)
+    if explicit is not None and explicit.is_file():
+        return run, explicit
+    candidates = run.checkpoints() if explicit is None or explicit.resolve() == run.path.resolve() \
+        else recorded_checkpoints(explicit)
+    found = newest_loadable(reversed(candidates))
+    if found is None and explicit is not None:
+        raise CheckpointError(f"resume={resume}: no valid step_<N>.pt checkpoint in {explicit}")
+    return run, None if found is None else found[0]
 
 
-class NonFiniteError(RuntimeError):
-    """Too many optimizer steps in a row had a NaN/inf loss or gradient."""
+def resume_command(args: argparse.Namespace, run_path: Path) -> str:
+    kept = [o for o in args.overrides if not o.startswith(("resume=", "checkpoint_path="))]
+    return shlex.join(["python", "pretrain.py", f"--config-name={args.config_name}", *kept, "resume=auto",
+                       f"checkpoint_path={run_path}"])
 
+
+# ---- training state and checkpoints --------------------------------------------------------------------
 
 @dataclass
 class TrainState:
@@ -395,56 +219,17 @@ class TrainState:
 
     step: int = 0
     carry: Any = None
-    nonfinite_in_a_row: int = 0
-    nonfinite_total: int = 0
 
 
-def all_reduce_grads_and_check(head: ACTLossHead, loss: torch.Tensor, rank: Dist) -> bool:
-    """Sum gradients over ranks; return whether the loss and every gradient are finite on all ranks."""
-    grads = [p.grad for p in head.model.parameters() if p.grad is not None]
-    if rank.world_size > 1:
-        for g in grads:
-            dist.all_reduce(g)
-    emb_grad = head.model.puzzle_emb.local_weights.grad if head.model.config.puzzle_emb_ndim > 0 else None
-    checks = [loss.detach().reshape(1).float()]
-    if grads:
-        checks.append(torch.stack(torch._foreach_norm(grads)).float())
-    if emb_grad is not None:
-        checks.append(emb_grad.norm().reshape(1).float())
-    bad = (~torch.isfinite(torch.cat(checks))).any().to(torch.int32).reshape(1)
-    if rank.world_size > 1:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return not bool(bad.item())
+def save_checkpoint(run: Optional[RunDirectory], head, optimizers, loader: PuzzleDataset, state: TrainState,
+                    guard: NonFiniteGuard, setup: Setup, rank: Dist) -> Optional[Path]:
+    """Write ``step_<N>.pt`` atomically (rank 0) with everything needed to resume exactly, then prune.
 
-
-def resolve_resume(resume: Optional[str], run_dir: Path) -> Optional[Path]:
-    """The checkpoint file ``resume`` names: a file, a run directory (its newest valid one), or ``auto``.
-
-    ``auto`` means the newest valid checkpoint in this run's directory, or a fresh start if there is none.
+    Holds the model in reference key format, both optimizer states, the step, the settings, the
+    sampler position, and per rank the ACT carry and RNG states. Returns the path on rank 0.
 
     Raises:
-        CheckpointError: the file or directory does not exist or holds no valid checkpoint.
-    """
-    if not resume:
-        return None
-    target = run_dir if resume == "auto" else Path(resume)
-    if target.is_file():
-        return target
-    found = newest_valid_checkpoint(target)
-    if found is None:
-        if resume == "auto":
-            return None
-        raise CheckpointError(f"resume={resume}: no valid step_<N>.pt checkpoint there")
-    return found[0]
-
-
-def save_checkpoint(run_dir: Path, head: ACTLossHead, optimizers: list[torch.optim.Optimizer], loader: PuzzleDataset,
-                    state: TrainState, cfg: PretrainConfig, rank: Dist) -> Optional[Path]:
-    """Write ``run_dir/step_<N>.pt`` atomically (rank 0) with everything needed to resume exactly.
-
-    Holds the model in reference key format, both optimizer states, the step, the config, the
-    sampler position, and per rank the ACT carry and RNG states. A failed write is logged and
-    the previous checkpoint stays intact; returns None then.
+        CheckpointWriteError: the write failed (the previous checkpoint is intact).
     """
     carry = state.carry
     per_rank = {
@@ -454,51 +239,48 @@ def save_checkpoint(run_dir: Path, head: ACTLossHead, optimizers: list[torch.opt
             "halted": carry.halted.cpu(), "current_data": {k: v.cpu() for k, v in carry.current_data.items()},
         },
     }
-    gathered = [None] * rank.world_size
+    gathered = [per_rank]
     if rank.world_size > 1:
+        gathered = [None] * rank.world_size
         dist.gather_object(per_rank, gathered if rank.is_main else None, dst=0)
-    else:
-        gathered = [per_rank]
     if not rank.is_main:
         return None
-    try:
-        path = atomic_save({
-            "model": reference_state_dict(head),
-            "optimizers": [opt.state_dict() for opt in optimizers],
-            "step": state.step,
-            "nonfinite_total": state.nonfinite_total,
-            "config": to_dict(cfg),
-            "train_loader": loader.state_dict(),
-            "ranks": gathered,
-        }, run_dir / f"step_{state.step}.pt")
-    except CheckpointError as e:
-        log.error("%s", e)
-        return None
-    prune_checkpoints(run_dir, cfg.keep_last_checkpoints)
+    path = atomic_save({
+        "model": reference_state_dict(head),
+        "optimizers": [opt.state_dict() for opt in optimizers],
+        "step": state.step,
+        "nonfinite_total": guard.total,
+        "config": setup.plan.settings,
+        "run_id": run.run_id,
+        "train_loader": loader.state_dict(),
+        "ranks": gathered,
+    }, run.target(f"step_{state.step}.pt"))
+    run.record(path, setup.cfg.keep_last_checkpoints)
     log.info("checkpoint: %s", path)
     return path
 
 
-def restore_training(path: Path, head: ACTLossHead, optimizers: list[torch.optim.Optimizer], loader: PuzzleDataset,
-                     state: TrainState, rank: Dist, device: torch.device) -> None:
+def restore_training(path: Path, head, optimizers, loader: PuzzleDataset, state: TrainState, guard: NonFiniteGuard,
+                     rank: Dist, device: torch.device) -> None:
     """Load a :func:`save_checkpoint` file into the live objects so the run continues exactly.
 
     Raises:
-        CheckpointError: the file is corrupt, unsafe, or lacks resume state (e.g. a bare weights file).
-        ConfigError: it comes from a different architecture.
+        CheckpointError: the file is corrupt, unsafe, or lacks resume state (e.g. a bare weights file),
+            or comes from a different architecture.
     """
     payload = safe_load(path)
     missing = {"model", "optimizers", "step", "train_loader", "ranks"} - set(payload)
     if missing:
-        raise CheckpointError(f"{path} cannot be resumed from: it lacks {sorted(missing)} (a weights-only checkpoint?)")
+        raise CheckpointError(f"{path} cannot be resumed from: it lacks {sorted(missing)} (a weights-only checkpoint? "
+                              "start from weights with load_checkpoint= instead)")
     load_model_weights(head, payload["model"], str(path))
     if len(payload["optimizers"]) != len(optimizers):
-        raise ConfigError(f"{path} holds {len(payload['optimizers'])} optimizer states, this run has {len(optimizers)}")
+        raise CheckpointError(f"{path} holds {len(payload['optimizers'])} optimizer states, this run has {len(optimizers)}")
     for opt, opt_state in zip(optimizers, payload["optimizers"]):
         opt.load_state_dict(opt_state)
     loader.load_state_dict(payload["train_loader"])
     state.step = int(payload["step"])
-    state.nonfinite_total = int(payload.get("nonfinite_total", 0))
+    guard.total = int(payload.get("nonfinite_total", 0))
     ranks = payload["ranks"]
     if len(ranks) != rank.world_size:
         log.warning("%s was written by %d processes, this run has %d: the ACT carry and RNG states start fresh",
@@ -513,6 +295,184 @@ def restore_training(path: Path, head: ACTLossHead, optimizers: list[torch.optim
             steps=saved["steps"].to(device), halted=saved["halted"].to(device),
             current_data={k: v.to(device) for k, v in saved["current_data"].items()},
         )
+
+
+def check_memory(setup: Setup, metadata: PuzzleDatasetMetadata) -> int:
+    """Build the model on the meta device and refuse sizes the device cannot hold (weights, gradients and two
+    optimizer moments); returns the bytes one checkpoint needs, about.
+
+    Raises:
+        ConfigError: the model cannot fit, with the sizes.
+    """
+    meta = build_model(setup.arch, batch_size=setup.local_batch_size, seq_len=metadata.seq_len,
+                       vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+                       dtype=setup.dtype, device="meta")
+    params = sum(p.numel() * 4 for p in meta.model.parameters())
+    checkpoint = model_bytes(meta) + 2 * params
+    need = checkpoint + params
+    available = memory_available(setup.device)
+    if need > available:
+        raise ConfigError(f"this architecture needs about {need / 2**30:.1f} GiB for its weights, gradients and optimizer "
+                          f"state, but {setup.device} has {available / 2**30:.1f} GiB available; use a smaller "
+                          "arch.hidden_size or fewer layers")
+    return checkpoint
+
+
+# ---- the loop ---------------------------------------------------------------------------------------------
+
+def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
+    setup = resolve_setup(args, rank)
+    cfg, device = setup.cfg, setup.device
+    configure_backends(device, cudnn_benchmark=not cfg.deterministic)
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
+        torch.use_deterministic_algorithms(True)
+
+    metadata = prepare_data(cfg, setup.plan.sources, rank)
+    train_loader = PuzzleDataset(cfg.data_path, "train", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
+                                 world_size=rank.world_size, epochs_per_iter=cfg.eval_interval)
+    eval_loader = PuzzleDataset(cfg.data_path, "test", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
+                                world_size=rank.world_size)
+    total_steps = int(cfg.epochs * metadata.total_groups * metadata.mean_puzzle_examples / cfg.global_batch_size)
+    if total_steps < 1:
+        raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "
+                          f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
+    checkpoint_bytes = check_memory(setup, metadata)
+
+    run, resume_path = None, None
+    if rank.is_main:
+        run, resume_path = open_run(cfg, setup)
+        run.check_storage(checkpoint_bytes)
+    run_path, resume_path = main_decides((None if run is None else run.path, resume_path), rank)
+    command = resume_command(args, run_path)
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    head = build_model(setup.arch, batch_size=setup.local_batch_size, seq_len=metadata.seq_len,
+                       vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+                       dtype=setup.dtype, device=device)
+    if rank.world_size > 1:
+        for tensor in list(head.model.parameters()) + list(head.model.buffers()):
+            dist.broadcast(tensor.data, src=0)
+    torch.manual_seed(cfg.seed + rank.rank)
+
+    adam = get_adam_atan2_optimizer(head.model.parameters(), lr=0.0, betas=(cfg.beta1, cfg.beta2),
+                                    weight_decay=cfg.weight_decay, backend=cfg.optimizer_backend)
+    optimizers: list[torch.optim.Optimizer] = [adam]
+    schedules = [LRSchedule(cfg.lr, cfg.lr_warmup_steps, total_steps, min_ratio=cfg.lr_min_ratio)]
+    if head.model.config.puzzle_emb_ndim > 0:
+        optimizers.append(SparseEmbeddingSignSGD([head.model.puzzle_emb], lr=0.0, weight_decay=cfg.puzzle_emb_weight_decay))
+        schedules.append(dataclasses.replace(schedules[0], base_lr=cfg.puzzle_emb_lr))
+    forward = compile_model(head) if setup.compile else head
+    setup.plan.decisions["optimizer"] = Decision(f"{type(adam).__module__}.{type(adam).__name__}; puzzle embedding: "
+                                                 "sign-SGD", f"optimizer_backend={cfg.optimizer_backend}")
+
+    guard = NonFiniteGuard(cfg.max_nonfinite_steps, f"a lower lr (lr={cfg.lr} now), a longer lr_warmup_steps or "
+                                                     "forward_dtype=float32, or check the dataset for bad labels")
+    state = TrainState()
+    if resume_path is not None:
+        restore_training(resume_path, head, optimizers, train_loader, state, guard, rank, device)
+    if rank.is_main:
+        setup.plan.log()
+        n_params = sum(p.numel() for p in head.model.parameters())
+        log.info("parameters: %s; data: %s (%d train groups, seq_len %d, vocab %d); %d optimizer steps",
+                 f"{n_params:,}", cfg.data_path, metadata.total_groups, metadata.seq_len, metadata.vocab_size, total_steps)
+        log.info("run directory: %s (run %s)%s", run.path, run.run_id,
+                 f"; resumed from {resume_path} at step {state.step}" if resume_path else "")
+        setup.plan.save(run.path / "plan.yaml")
+        OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
+    metrics_out = MetricsWriter(run_path, enabled=rank.is_main, resume_step=state.step if resume_path else None,
+                                logger=cfg.logger, run_id=run.run_id if run else None, project=cfg.project_name,
+                                config=setup.plan.settings)
+
+    def checkpoint() -> Optional[Path]:
+        try:
+            return save_checkpoint(run, head, optimizers, train_loader, state, guard, setup, rank)
+        except CheckpointWriteError as e:
+            last = run.checkpoints()[-1] if run and run.checkpoints() else None
+            raise CheckpointWriteError(f"{e}; " + (f"resume with: {command}" if last else "no checkpoint of this run exists yet"))
+
+    sums: dict[str, torch.Tensor] = {}
+    examples_since_log, t_log = 0, time.perf_counter()
+    bar = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", disable=not rank.is_main, dynamic_ncols=True)
+    head.train()
+    total_iters = cfg.epochs // cfg.eval_interval
+    try:
+        for iteration in range(train_loader.state_dict()["iteration"], total_iters):
+            for _set_name, batch, _effective in train_loader:
+                if state.step >= total_steps:
+                    break
+                batch = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in batch.items()}
+                if state.carry is None:
+                    state.carry = head.initial_carry(batch)
+                state.carry, loss, metrics, _, _ = forward(state.carry, batch)
+                (loss / cfg.global_batch_size).backward()
+                state.step += 1
+                culprits = nonfinite_names(gradients_and_loss(head, loss, rank), rank)
+                reset_nonfinite_carry_rows(state.carry, rank, state.step)
+                if guard.step(state.step, culprits, rank):
+                    for opt, schedule in zip(optimizers, schedules):
+                        for group in opt.param_groups:
+                            group["lr"] = schedule.lr(state.step)
+                        opt.step()
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0) + v.detach().to(torch.float64)
+                examples_since_log += cfg.global_batch_size
+                bar.update(1)
+                if state.step % cfg.log_interval == 0 or state.step == total_steps:
+                    n_steps = (state.step - 1) % cfg.log_interval + 1
+                    log_train_point(metrics_out, reduce_metrics(sums, rank), state.step, n_steps, cfg, schedules[0],
+                                    examples_since_log / (time.perf_counter() - t_log), guard, bar)
+                    sums, examples_since_log, t_log = {}, 0, time.perf_counter()
+                if any_rank(stopper.requested, rank):
+                    path = checkpoint()
+                    if rank.is_main:
+                        log.info("stopped by %s after step %d (checkpoint %s); resume with: %s",
+                                 stopper.signal_name or "a signal on another rank", state.step, path, command)
+                    return 0
+
+            results = evaluate_puzzles(forward, head, eval_loader, device, rank, cfg.eval_max_examples)
+            if rank.is_main:
+                metrics_out.log(state.step, {f"eval/{k}": v for k, v in results.items()})
+                tqdm.write(f"step {state.step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+            if cfg.checkpoint_every_eval or iteration == total_iters - 1:
+                checkpoint()
+    finally:
+        bar.close()
+        metrics_out.close()
+    if rank.is_main:
+        log.info("done: %d steps; checkpoints and metrics.jsonl in %s", state.step, run.path)
+    return 0
+
+
+def gradients_and_loss(head, loss: torch.Tensor, rank: Dist) -> dict[str, torch.Tensor]:
+    """All-reduce (sum) the gradients across ranks; return the loss and every gradient by name, for the guard."""
+    named = {"loss": loss.detach().reshape(1)}
+    for name, p in head.model.named_parameters():
+        if p.grad is not None:
+            if rank.world_size > 1:
+                dist.all_reduce(p.grad)
+            named[f"gradient of {name}"] = p.grad
+    if head.model.config.puzzle_emb_ndim > 0 and head.model.puzzle_emb.local_weights.grad is not None:
+        named["gradient of the puzzle embedding"] = head.model.puzzle_emb.local_weights.grad
+    return named
+
+
+def log_train_point(out: MetricsWriter, reduced: Optional[dict[str, float]], step: int, n_steps: int,
+                    cfg: PretrainConfig, schedule: LRSchedule, examples_per_s: float, guard: NonFiniteGuard, bar) -> None:
+    """One ``train/*`` point: losses per example, accuracies per halted puzzle, lr, throughput, skipped steps."""
+    if not reduced:
+        return
+    count = max(reduced.pop("count", 0.0), 1.0)
+    point = {f"train/{k}": v / (cfg.global_batch_size * n_steps if k.endswith("loss") else count)
+             for k, v in reduced.items()}
+    point.update({"train/lr": schedule.lr(step), "train/examples_per_s": examples_per_s,
+                  "train/nonfinite_steps": guard.total})
+    out.log(step, point)
+    bar.set_postfix(loss=f"{point.get('train/lm_loss', float('nan')):.3f}",
+                    acc=f"{point.get('train/accuracy', float('nan')):.3f}", ex_s=f"{examples_per_s:.0f}")
 
 
 if __name__ == "__main__":

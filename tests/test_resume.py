@@ -1,4 +1,4 @@
-"""Reliability of pretrain.py: bitwise resume after kill -9, graceful stop, atomic and safe checkpoints, NaN guard."""
+"""Reliability of pretrain.py: bitwise resume after kill -9, graceful stop, safe checkpoints, the NaN guard."""
 
 import json
 import logging
@@ -16,7 +16,6 @@ import evaluate
 import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils.run import checkpoint as checkpoint_mod
 from utils.run.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
 
@@ -73,6 +72,9 @@ def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path):
     assert resumed.returncode == 0, out
     assert "resumed from" in out and "step_8.pt" in out
     assert_same_training_state(tmp_path / "straight" / "step_16.pt", tmp_path / "killed" / "step_16.pt")
+    points = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
+    train_steps = [p["step"] for p in points if "train/lm_loss" in p]
+    assert train_steps == sorted(set(train_steps))  # metrics.jsonl continues from the checkpoint, no step twice
 
 
 def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir, tmp_path):
@@ -87,16 +89,17 @@ def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir,
     assert len(ckpts) == 1 and safe_load(ckpts[0])["train_loader"]["batch"] > 0  # mid-iteration position
 
 
-def test_resume_auto_skips_a_corrupt_newest_checkpoint_and_names_bad_files(sudoku_dir, tmp_path, caplog):
+def test_resume_auto_ignores_files_it_did_not_write_and_an_explicit_bad_file_is_an_error(sudoku_dir, tmp_path, caplog,
+                                                                                          capsys):
     caplog.set_level(logging.INFO)
     run = tmp_path / "run"
     assert pretrain.main(args(sudoku_dir, run, "epochs=2", "eval_interval=2")) == 0
     (run / "step_99.pt").write_bytes(b"PK\x03\x04 truncated")
     assert pretrain.main(args(sudoku_dir, run, "resume=auto")) == 0
     assert "resumed from" in caplog.text and "step_8.pt" in caplog.text
-    caplog.clear()
+    capsys.readouterr()
     assert pretrain.main(args(sudoku_dir, tmp_path / "other", f"resume={run / 'step_99.pt'}")) == 2
-    assert "step_99.pt is truncated or corrupt" in caplog.text
+    assert "step_99.pt is truncated or corrupt" in capsys.readouterr().err
 
 
 class _Exploit:
@@ -104,39 +107,22 @@ class _Exploit:
         return (os.system, ("echo pwned",))
 
 
-def test_checkpoint_needing_arbitrary_code_is_refused(sudoku_dir, tmp_path, caplog):
+def test_checkpoint_needing_arbitrary_code_is_refused(sudoku_dir, tmp_path, capsys):
     bad = tmp_path / "step_1.pt"
     torch.save({"model": _Exploit()}, bad, pickle_module=pickle)
     assert pretrain.main(args(sudoku_dir, tmp_path / "run", f"resume={bad}")) == 2
-    assert "refusing to load" in caplog.text
+    assert "refusing to load" in capsys.readouterr().err
     assert evaluate.main(["--checkpoint", str(bad)]) == 2
+    assert "refusing to load" in capsys.readouterr().err
 
 
-def test_checkpoint_from_another_architecture_is_a_clear_error(sudoku_dir, tmp_path, caplog):
+def test_checkpoint_from_another_architecture_is_a_clear_error(sudoku_dir, tmp_path, capsys):
     run = tmp_path / "run"
     assert pretrain.main(args(sudoku_dir, run, "epochs=2", "eval_interval=2")) == 0
     code = pretrain.main(args(sudoku_dir, tmp_path / "wide", "arch.hidden_size=64", f"resume={run / 'step_8.pt'}"))
     assert code == 2
-    assert "does not fit this architecture" in caplog.text and "shape mismatches" in caplog.text
-
-
-def test_failed_checkpoint_write_keeps_the_previous_one(sudoku_dir, tmp_path, monkeypatch, caplog):
-    real_save = torch.save
-    calls = {"n": 0}
-
-    def flaky_save(obj, f, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            f.write(b"partial")
-            raise OSError(28, "No space left on device")
-        return real_save(obj, f, *a, **kw)
-
-    monkeypatch.setattr(checkpoint_mod.torch, "save", flaky_save)
-    run = tmp_path / "run"
-    assert pretrain.main(args(sudoku_dir, run)) == 0
-    assert "could not write checkpoint" in caplog.text and "No space left" in caplog.text
-    assert safe_load(run / "step_8.pt")["step"] == 8  # intact
-    assert not (run / "step_16.pt").exists() and not list(run.glob(".step_*"))  # no partial file left
+    err = capsys.readouterr().err
+    assert "does not fit this architecture" in err and "shape mismatches" in err
 
 
 def _poison(monkeypatch, bad_calls):
@@ -178,15 +164,16 @@ def test_nan_steps_are_skipped_counted_and_logged(sudoku_dir, tmp_path, monkeypa
     run = tmp_path / "run"
     assert pretrain.main(args(sudoku_dir, run)) == 0
     assert counts == {"adam": 14, "emb": 14}  # 16 steps, 2 skipped: neither optimizer ran on them
-    assert "step 3: non-finite loss or gradient" in caplog.text
+    assert "step 3: non-finite loss" in caplog.text and "skipped the update" in caplog.text
     points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert points[-2]["train/nonfinite_steps"] == 2
     assert all(torch.isfinite(v).all() for v in safe_load(run / "step_16.pt")["model"].values() if v.is_floating_point())
 
 
-def test_too_many_nan_steps_in_a_row_stops_with_advice(sudoku_dir, tmp_path, monkeypatch, caplog):
+def test_too_many_nan_steps_in_a_row_stops_with_advice(sudoku_dir, tmp_path, monkeypatch, capsys):
     _poison(monkeypatch, "all")
     counts = _count_steps(monkeypatch)
-    assert pretrain.main(args(sudoku_dir, tmp_path / "run", "max_nonfinite_steps=3")) == 2
+    assert pretrain.main(args(sudoku_dir, tmp_path / "run", "max_nonfinite_steps=3")) == 1
     assert counts == {"adam": 0, "emb": 0}
-    assert "stopping at step 3: 3 non-finite steps in a row" in caplog.text and "Try a lower lr" in caplog.text
+    err = capsys.readouterr().err
+    assert "stopping at step 3: 3 non-finite steps in a row (last: loss" in err and "Try a lower lr" in err

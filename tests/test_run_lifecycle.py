@@ -1,0 +1,257 @@
+"""The shared run lifecycle (utils/run/): a run owns its directory, resume never loses work, storage faults,
+the non-finite guard, the settings layers, the lr schedule and the metrics writer (W&B included)."""
+
+import json
+import logging
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import pretrain
+from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1_Inner
+from utils.distributed import Dist
+from utils.run import checkpoint as checkpoint_mod
+from utils.run import run_dir as run_dir_mod
+from utils.run.checkpoint import safe_load
+from utils.run.metrics import MetricsWriter
+from utils.run.schedule import LRSchedule
+
+TINY = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1",
+        "arch.halt_max_steps=2", "arch.expansion=2", "global_batch_size=16", "epochs=4", "eval_interval=2",
+        "log_interval=2", "lr_warmup_steps=2", "forward_dtype=float32"]
+
+
+def train(sudoku_dir, *extra):
+    return pretrain.main(["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", *TINY, *extra])
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def steps_in(metrics: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+
+
+# ---- the lr schedule --------------------------------------------------------------------------------
+
+def reference_cosine(current_step, base_lr, num_warmup_steps, num_training_steps, min_ratio, num_cycles=0.5):
+    """sapientinc/HRM pretrain.py cosine_schedule_with_warmup_lr_lambda, re-derived from its formula."""
+    if current_step < num_warmup_steps:
+        return base_lr * float(current_step) / float(max(1, num_warmup_steps))
+    progress = float(current_step - num_warmup_steps) / float(max(1, num_training_steps - num_warmup_steps))
+    return base_lr * (min_ratio + max(0.0, (1 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * num_cycles * 2.0 * progress))))
+
+
+@pytest.mark.parametrize("warmup,total,min_ratio", [(10, 110, 0.1), (10, 110, 1.0), (0, 50, 0.0), (5, 5, 0.5)])
+def test_cosine_schedule_is_the_reference_formula(warmup, total, min_ratio):
+    schedule = LRSchedule(3e-4, warmup, total, min_ratio=min_ratio)
+    for step in range(0, total + 3):
+        assert schedule.lr(step) == pytest.approx(reference_cosine(step, 3e-4, warmup, total, min_ratio), rel=1e-12, abs=0)
+
+
+def test_step_schedule_follows_mmcv_linear_warmup_and_milestones():
+    s = LRSchedule(1e-5, 4, 0, kind="step", milestones=(10, 20), gamma=0.1, warmup_ratio=0.001)
+    # mmcv: the update after `done` earlier ones gets regular * (1 - (1 - done / warmup) * (1 - ratio)).
+    assert s.lr(1) == pytest.approx(1e-5 * 0.001)
+    assert s.lr(3) == pytest.approx(1e-5 * (1 - (1 - 2 / 4) * 0.999))
+    assert s.lr(5) == pytest.approx(1e-5) and s.lr(10) == pytest.approx(1e-5)
+    assert s.lr(11) == pytest.approx(1e-6) and s.lr(21) == pytest.approx(1e-7)
+
+
+# ---- a run owns its directory --------------------------------------------------------------------------
+
+def test_second_run_is_refused_and_strays_survive_pruning(sudoku_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}", "keep_last_checkpoints=1") == 0
+    first = sorted(p.name for p in run.glob("step_*.pt"))
+    assert first == ["step_16.pt"] and json.loads((run / "run.json").read_text())["checkpoints"] == ["step_16.pt"]
+    before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
+
+    capsys.readouterr()
+    assert train(sudoku_dir, f"checkpoint_path={run}") == 2
+    line = one_error_line(capsys)
+    assert "already holds run" in line and "resume=auto" in line
+    assert {p.name: p.stat().st_mtime_ns for p in run.iterdir()} == before  # nothing touched
+
+    stray = run / "step_999.pt"
+    stray.write_bytes(b"someone else's file")
+    notes = run / "notes.txt"
+    notes.write_text("mine")
+    assert train(sudoku_dir, f"checkpoint_path={run}", "epochs=8", "eval_interval=2", "resume=auto",
+                 "keep_last_checkpoints=1") == 0
+    assert stray.read_bytes() == b"someone else's file" and notes.read_text() == "mine"
+    assert sorted(p.name for p in run.glob("step_*.pt")) == ["step_32.pt", "step_999.pt"]
+    assert safe_load(run / "step_32.pt")["step"] == 32  # resumed from its own step_16.pt, not the stray
+
+
+def test_resume_auto_skips_an_empty_newest_checkpoint_and_cleans_orphans(sudoku_dir, tmp_path, caplog):
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}", "epochs=4", "eval_interval=2") == 0
+    (run / "step_16.pt").write_bytes(b"")  # a write cut short
+    orphan = run / ".step_24.pt.abc123xy.tmp"
+    orphan.write_bytes(b"partial")
+    caplog.set_level(logging.INFO)
+    assert train(sudoku_dir, f"checkpoint_path={run}", "epochs=8", "eval_interval=2", "resume=auto") == 0
+    assert "skipping checkpoint" in caplog.text and "step_16.pt is empty" in caplog.text
+    assert "resumed from" in caplog.text and "step_8.pt" in caplog.text
+    assert not orphan.exists()
+    points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in points if "train/lm_loss" in p] == list(range(2, 33, 2))  # no step twice
+    assert [p["step"] for p in points if "eval/accuracy" in p] == [8, 16, 24, 32]
+    assert safe_load(run / "step_32.pt")["step"] == 32
+
+
+def test_resume_auto_finds_the_timestamped_run_of_the_same_settings(sudoku_dir, tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    assert train(sudoku_dir, "project_name=proj", "epochs=2", "eval_interval=2") == 0
+    runs = list((tmp_path / "checkpoints" / "proj").iterdir())
+    assert len(runs) == 1 and runs[0].name.startswith("hrm_v1-")
+    caplog.set_level(logging.INFO)
+    assert train(sudoku_dir, "project_name=proj", "epochs=2", "eval_interval=2", "resume=auto") == 0
+    assert list((tmp_path / "checkpoints" / "proj").iterdir()) == runs and "resumed from" in caplog.text
+    # Other settings are another run: resume=auto starts it fresh in a new directory.
+    assert train(sudoku_dir, "project_name=proj", "epochs=2", "eval_interval=2", "lr=5e-4", "resume=auto",
+                 "run_name=other") == 0
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "proj").iterdir())[-1] == "other"
+
+
+# ---- storage faults ---------------------------------------------------------------------------------------
+
+def test_unwritable_or_full_run_directory_fails_before_training(sudoku_dir, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert train(sudoku_dir, f"checkpoint_path={blocker / 'run'}") == 2
+    assert "cannot create run directory" in one_error_line(capsys)
+
+    def read_only(self, data):
+        raise PermissionError(30, "Read-only file system")
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "write_bytes", read_only)
+        assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'ro'}") == 2
+    assert "is not writable (Read-only file system)" in one_error_line(capsys)
+
+    usage = type("Usage", (), {"free": 1000, "total": 10**9, "used": 0})
+    monkeypatch.setattr(run_dir_mod.shutil, "disk_usage", lambda path: usage)
+    assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'full'}") == 2
+    assert "0 MiB free, but 2 checkpoints need about" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("fail_on,resumable", [(1, False), (2, True)])
+def test_a_failed_write_mid_run_keeps_the_last_checkpoint_and_exits_1(sudoku_dir, tmp_path, monkeypatch, capsys,
+                                                                    fail_on, resumable):
+    real_save, calls = torch.save, {"n": 0}
+
+    def flaky_save(obj, f, *a, **kw):
+        calls["n"] += 1
+        if calls["n"] == fail_on:
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(checkpoint_mod.torch, "save", flaky_save)
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}") == 1
+    line = one_error_line(capsys)
+    assert f"could not write checkpoint {run / f'step_{8 * fail_on}.pt'} (No space left on device)" in line
+    assert "MiB" in line and ("resume with: python pretrain.py" in line) == resumable
+    assert not list(run.glob(".step_*"))  # no partial file left
+    if resumable:
+        assert safe_load(run / "step_8.pt")["step"] == 8
+
+
+# ---- non-finite values ------------------------------------------------------------------------------------
+
+def test_a_nonfinite_carry_row_is_reset_and_training_goes_on(sudoku_dir, tmp_path, monkeypatch, caplog):
+    real, calls = HierarchicalReasoningModel_ACTV1_Inner.forward, {"n": 0}
+
+    def poisoned(self, carry, batch):
+        new_carry, logits, q = real(self, carry, batch)
+        calls["n"] += 1
+        if self.training and calls["n"] == 5:  # one segment goes bad in rows 0 and 3
+            z_H = new_carry.z_H.clone()
+            z_H[[0, 3]] = float("nan")
+            new_carry = type(new_carry)(z_H, new_carry.z_L)
+        return new_carry, logits, q
+
+    monkeypatch.setattr(HierarchicalReasoningModel_ACTV1_Inner, "forward", poisoned)
+    caplog.set_level(logging.INFO)
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}") == 0
+    assert "the ACT carry (z_H/z_L) went non-finite in 2 row(s)" in caplog.text
+    final = safe_load(run / "step_16.pt")
+    carry = final["ranks"][0]["carry"]
+    assert torch.isfinite(carry["z_H"]).all() and torch.isfinite(carry["z_L"]).all()
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in line]
+    assert all(math.isfinite(p["eval/accuracy"]) for p in evals)
+
+
+# ---- settings layers ----------------------------------------------------------------------------------------
+
+def setup_for(*argv):
+    return pretrain.resolve_setup(pretrain.parse_args(list(argv)), Dist())
+
+
+def test_settings_merge_defaults_profile_recipe_command_line(caplog):
+    # cfg_pretrain leaves global_batch_size to the defaults, so the cpu profile fills it ...
+    s = setup_for("--config-name=cfg_pretrain", "hardware=cpu", "device=cpu")
+    assert s.cfg.global_batch_size == 64 and s.plan.sources["global_batch_size"] == "hardware profile cpu"
+    # ... a recipe's own value beats the profile (the Apple laptop recipe keeps its 384) ...
+    s = setup_for("--config-name=cfg_pretrain_apple_silicon", "hardware=apple_silicon", "device=cpu")
+    assert s.cfg.global_batch_size == 384
+    assert s.plan.sources["global_batch_size"] == "config/cfg_pretrain_apple_silicon.yaml"
+    # ... and the command line beats everything.
+    s = setup_for("--config-name=cfg_pretrain_apple_silicon", "hardware=apple_silicon", "device=cpu", "global_batch_size=8")
+    assert s.cfg.global_batch_size == 8 and s.plan.sources["global_batch_size"] == "command line"
+    caplog.set_level(logging.INFO)
+    s.plan.log()
+    assert "settings from command line: global_batch_size=8" in caplog.text
+    assert "settings from config/cfg_pretrain_apple_silicon.yaml:" in caplog.text and "lr=7e-05" in caplog.text
+    assert "torch.compile: " in caplog.text and "precision: " in caplog.text
+
+
+def test_plan_is_written_to_the_run_directory(sudoku_dir, tmp_path):
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}", "epochs=2", "eval_interval=2") == 0
+    plan = (run / "plan.yaml").read_text()
+    assert "decisions:" in plan and "torch.compile" in plan and "from: command line" in plan
+
+
+# ---- metrics: W&B, optional -----------------------------------------------------------------------------------
+
+def test_wandb_logger_logs_everything_and_is_optional(tmp_path, monkeypatch, caplog):
+    calls = []
+    fake = types.SimpleNamespace(Image=lambda a: ("image", a.shape))
+    fake.init = lambda **kw: calls.append(("init", kw)) or types.SimpleNamespace(
+        log=lambda values, step: calls.append(("log", values, step)), finish=lambda: calls.append(("finish",)))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    with MetricsWriter(tmp_path, logger="wandb", run_id="abc", project="p", config={"lr": 1}) as out:
+        out.log(3, {"train/loss": 1.5})
+    assert calls[0][0] == "init" and calls[0][1]["id"] == "abc" and calls[0][1]["resume"] == "allow"
+    assert calls[1] == ("log", {"train/loss": 1.5}, 3) and calls[-1] == ("finish",)
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not installed: import fails
+    caplog.set_level(logging.WARNING)
+    with MetricsWriter(tmp_path / "b", logger="wandb") as out:
+        out.log(1, {"x": 1.0})
+    assert "the wandb package is not installed" in caplog.text
+    assert steps_in(tmp_path / "b" / "metrics.jsonl") == [1]
+
+
+def test_metrics_resume_drops_points_after_the_checkpoint(tmp_path):
+    with MetricsWriter(tmp_path) as out:
+        for step in (2, 4, 6, 8):
+            out.log(step, {"x": float(step)})
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 10, "x"')  # a line cut off by a kill
+    with MetricsWriter(tmp_path, resume_step=4) as out:
+        out.log(6, {"x": 6.0})
+    assert steps_in(tmp_path / "metrics.jsonl") == [2, 4, 6]

@@ -1,0 +1,72 @@
+"""Evaluation of a recursive reasoning model (HRM or TRM) on a puzzle test split.
+
+Every test batch runs for exactly ``halt_max_steps`` ACT segments, as in the reference
+(``sapientinc/HRM`` pretrain.py ``evaluate``); metrics are summed over real (non-padding) examples
+on every rank, reduced onto rank 0 and divided by their count.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from utils.data.puzzle_dataset import PuzzleDataset
+from utils.distributed import Dist
+
+
+def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[str, float]]:
+    """Sum metric tensors across ranks onto rank 0 (float64); other ranks get None."""
+    if not sums:
+        return {}
+    keys = sorted(sums)
+    stacked = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64).cpu() for k in keys])
+    if rank.world_size > 1:
+        dist.reduce(stacked, dst=0)
+    if not rank.is_main:
+        return None
+    return dict(zip(keys, stacked.tolist()))
+
+
+@torch.no_grad()
+def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDataset, device: torch.device, rank: Dist,
+                     max_examples: Optional[int] = None, progress: bool = True) -> dict[str, float]:
+    """Run every test batch to ``halt_max_steps`` segments; return metrics averaged per example (rank 0).
+
+    Args:
+        forward: the (possibly compiled) loss head to call; ``head`` is the module it wraps.
+        max_examples: stop after about this many examples (whole batches); None for the whole split.
+
+    Returns:
+        ``{metric: value}`` with ``accuracy``, ``exact_accuracy``, ``blank_accuracy``, ``q_halt_accuracy``,
+        ``steps`` and the losses, each divided by the number of real examples, and ``count``, that
+        number; an empty dict on ranks other than 0.
+    """
+    head.eval()
+    sums: dict[str, torch.Tensor] = {}
+    seen = 0
+    bar = tqdm(desc="eval", unit="ex", disable=not (progress and rank.is_main), leave=False)
+    for _set_name, batch, effective in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        carry = head.initial_carry(batch)
+        while True:
+            carry, _, metrics, _, all_halted = forward(carry, batch)
+            if all_halted:
+                break
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0) + v.to(torch.float64)
+        seen += effective
+        bar.update(effective)
+        if max_examples is not None and seen >= max_examples:
+            break
+    bar.close()
+    head.train()
+    reduced = reduce_metrics(sums, rank)
+    if reduced is None:
+        return {}
+    count = max(reduced.pop("count", 0.0), 1.0)
+    out = {k: v / count for k, v in reduced.items()}
+    out["count"] = count
+    return out
