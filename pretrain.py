@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from models import build_model, model_bytes, validate_arch
 from models.checkpoints import load_model_weights, reference_state_dict
-from models.hrm.hrm_act_v1 import Carry, InnerCarry
+from models.act import Carry, InnerCarry
 from models.layers import attention_backend
 from models.sparse_embedding import SparseEmbeddingSignSGD
 from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, merge_layers,

@@ -1,4 +1,5 @@
-"""Building blocks shared by HRM and TRM: casted layers, RoPE, attention, SwiGLU, RMSNorm.
+"""Building blocks shared by HRM and TRM: casted layers, RoPE, attention, SwiGLU, RMSNorm, the post-norm
+reasoning block (attention or TRM's sequence-axis MLP), and the puzzle-prefixed input embedding.
 
 Parameter names, shapes and initialisation follow the reference HRM (REFERENCE.md §1) so
 that its checkpoints load unchanged. Weights are stored in fp32 and cast to the
@@ -186,3 +187,82 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Weightless RMSNorm over the last axis, computed in fp32 and returned in ``x.dtype``."""
     x32 = x.to(torch.float32)
     return (x32 * torch.rsqrt(x32.square().mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class ReasoningBlock(nn.Module):
+    """Post-norm block of HRM and TRM: token mixing, then a SwiGLU over the hidden axis.
+
+    Token mixing is self-attention (``self_attn``), ``x = rms(x + attn(x))``, or, when
+    ``mlp_t_len`` is given (TRM's ``mlp_t``, an MLP-mixer step), a SwiGLU over the sequence axis
+    (``mlp_t``, width computed from ``mlp_t_len`` and ``expansion``) whose residual sum is
+    normalised over the sequence axis as well: ``x = rms(x^T + swiglu_t(x^T))^T``. Then
+    ``x = rms(x + swiglu(x))``. Sources: ``HierarchicalReasoningModel_ACTV1Block`` in the reference HRM's
+    ``models/hrm/hrm_act_v1.py`` and ``TinyRecursiveReasoningModel_ACTV1Block`` in TRM's
+    ``models/recursive_reasoning/trm.py``.
+
+    Shapes: x ``[B, S, hidden]`` -> ``[B, S, hidden]``; with ``mlp_t``, ``S`` must be ``mlp_t_len``.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, expansion: float, rms_norm_eps: float, causal: bool = False,
+                 mlp_t_len: int | None = None):
+        super().__init__()
+        self.use_mlp_t = mlp_t_len is not None
+        if not self.use_mlp_t:
+            self.self_attn = Attention(hidden_size, hidden_size // num_heads, num_heads, num_heads, causal=causal)
+        else:
+            self.mlp_t = SwiGLU(mlp_t_len, expansion)
+        self.mlp = SwiGLU(hidden_size, expansion)
+        self.eps = rms_norm_eps
+
+    def forward(self, x: torch.Tensor, cos_sin: CosSin | None) -> torch.Tensor:
+        if self.use_mlp_t:
+            x_t = x.transpose(1, 2)
+            x = rms_norm(x_t + self.mlp_t(x_t), self.eps).transpose(1, 2)
+        else:
+            x = rms_norm(x + self.self_attn(x, cos_sin=cos_sin), self.eps)
+        return rms_norm(x + self.mlp(x), self.eps)
+
+
+class ReasoningModule(nn.Module):
+    """A stack of :class:`ReasoningBlock` that first adds its input injection: ``layers(z + injection)``.
+
+    Shapes: z, injection ``[B, S, hidden]`` -> ``[B, S, hidden]``.
+    """
+
+    def __init__(self, layers: list[ReasoningBlock]):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, z: torch.Tensor, injection: torch.Tensor, cos_sin: CosSin | None) -> torch.Tensor:
+        z = z + injection
+        for layer in self.layers:
+            z = layer(z, cos_sin)
+        return z
+
+
+def puzzle_input_embedding(tokens: torch.Tensor, puzzle: torch.Tensor | None, prefix_len: int,
+                           positions: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """The recursive models' input: token embeddings behind a puzzle-embedding prefix, scaled.
+
+    Args:
+        tokens: ``[B, S, D]`` token embeddings.
+        puzzle: ``[B, P]`` puzzle embeddings (``P <= prefix_len * D``) or None. The vector fills the
+            prefix row-major, so it takes ``ceil(P / D)`` positions; the rest of the prefix is zeros.
+        prefix_len: number of prefix positions (0 without a puzzle embedding).
+        positions: ``[prefix_len + S, D]`` learned position embeddings or None. They are added as
+            ``0.707106781 * (emb + pos)``, which keeps the variance of the sum that of one term.
+        scale: the final multiplier, ``sqrt(D)`` in both references.
+
+    Returns:
+        ``[B, prefix_len + S, D]`` in ``tokens.dtype``. Source: ``_input_embeddings`` of the reference
+        HRM (``models/hrm/hrm_act_v1.py``) and TRM (``models/recursive_reasoning/trm.py``).
+    """
+    if puzzle is not None:
+        batch, dim = tokens.shape[0], tokens.shape[-1]
+        pad = prefix_len * dim - puzzle.shape[-1]
+        if pad > 0:
+            puzzle = F.pad(puzzle, (0, pad))
+        tokens = torch.cat((puzzle.view(batch, prefix_len, dim), tokens), dim=-2)
+    if positions is not None:
+        tokens = 0.707106781 * (tokens + positions.to(tokens.dtype))
+    return scale * tokens

@@ -1,0 +1,158 @@
+"""TRM: the Tiny Recursive Model with adaptive computation time (ACT), version 1.
+
+Jolicoeur-Martineau, "Less is More: Recursive Reasoning with Tiny Networks", arXiv 2510.04871;
+reference code ``SamsungSAILMontreal/TinyRecursiveModels``, ``models/recursive_reasoning/trm.py``.
+
+One small network (``L_level``, ``L_layers`` post-norm blocks) refines two states: the answer
+``z_H`` (the paper's y) and the latent ``z_L`` (the paper's z). One *latent recursion* is
+``L_cycles`` updates ``z_L = net(z_L + z_H + x)`` followed by one ``z_H = net(z_H + z_L)``.
+One ACT segment runs ``H_cycles`` recursions: the first ``H_cycles - 1`` without gradient, the
+last one fully backpropagated (not HRM's 1-step gradient). Halting is decided from ``q_halt``
+alone (``no_ACT_continue``), so there is no extra target forward pass. Parameter names,
+initialisation and random-number order match the reference, so its checkpoints load (after
+:func:`models.checkpoints.strip_reference_prefix`) and, under the same seed, it initialises bitwise like it.
+
+The blocks, the loss head (:class:`models.losses.ACTLossHead`), the sparse puzzle embedding, the carry
+and the ACT wrapper are shared with HRM (:mod:`models.act`); only the recursion and the halting rule are TRM's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.act import ACTModel, InnerCarry, ReasoningConfig, RecurrentCore
+from models.layers import CosSin, ReasoningBlock, ReasoningModule
+
+
+@dataclass
+class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
+    """Architecture hyperparameters; names, defaults and required keys are the reference's.
+
+    ``batch_size`` is the local training batch size (the sparse puzzle embedding needs it);
+    ``seq_len``, ``vocab_size`` and ``num_puzzle_identifiers`` come from the dataset.
+    ``H_layers`` is accepted and ignored, as in the reference (TRM has one network).
+    ``puzzle_emb_len`` is the number of prefix positions; 0 means ``ceil(puzzle_emb_ndim / hidden_size)``.
+    ``pos_encodings`` is ``rope``, ``learned`` or ``none`` (the Sudoku ``mlp_t`` recipe uses none).
+    ``causal`` is what the trainer passes to every architecture; TRM is non-causal, so only False is valid.
+    """
+
+    model_name = "TRM"
+
+    batch_size: int
+    seq_len: int
+    num_puzzle_identifiers: int
+    vocab_size: int
+    H_cycles: int
+    L_cycles: int
+    H_layers: int
+    L_layers: int
+    hidden_size: int
+    expansion: float
+    num_heads: int
+    pos_encodings: str
+    halt_max_steps: int
+    halt_exploration_prob: float
+    puzzle_emb_ndim: int = 0
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    forward_dtype: str = "bfloat16"
+    mlp_t: bool = False
+    puzzle_emb_len: int = 16
+    no_ACT_continue: bool = True
+    causal: bool = False
+
+    def validate(self) -> None:
+        """Raises ValueError, naming the key and the fix, on values the model cannot be built with."""
+        super().validate()
+        if self.pos_encodings not in ("rope", "learned", "none"):
+            raise ValueError(f"pos_encodings={self.pos_encodings!r}: use 'rope', 'learned' or 'none'")
+        if not self.mlp_t and self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if min(self.H_cycles, self.L_cycles, self.L_layers) < 1:
+            raise ValueError("H_cycles, L_cycles and L_layers must all be >= 1")
+        if self.puzzle_emb_len < 0:
+            raise ValueError(f"puzzle_emb_len ({self.puzzle_emb_len}) must be >= 0")
+        if self.puzzle_emb_ndim == 0 and self.puzzle_emb_len > 0:
+            # The reference builds a prefix-sized carry but no prefix, and fails on the first step.
+            raise ValueError(f"puzzle_emb_len={self.puzzle_emb_len} needs a puzzle embedding: with puzzle_emb_ndim=0 "
+                             "set puzzle_emb_len=0")
+        if self.puzzle_emb_ndim > self.prefix_len * self.hidden_size:
+            raise ValueError(f"puzzle_emb_ndim={self.puzzle_emb_ndim} does not fit in puzzle_emb_len="
+                             f"{self.puzzle_emb_len} positions of hidden_size {self.hidden_size}: raise puzzle_emb_len "
+                             "or set it to 0 (auto)")
+        if self.causal:
+            raise ValueError("causal=True: TRM is non-causal (the reference ignores the key); set causal=False")
+
+    @property
+    def prefix_len(self) -> int:
+        """Prefix positions in front of the sequence: ``puzzle_emb_len``, or ``ceil(puzzle_emb_ndim / hidden)`` if 0."""
+        return self.puzzle_emb_len or -(self.puzzle_emb_ndim // -self.hidden_size)
+
+
+class TinyRecursiveReasoningModel_ACTV1_Inner(RecurrentCore):
+    """One ACT segment of TRM: one network ``L_level`` of ``L_layers`` post-norm blocks (attention, or with
+    ``mlp_t`` a SwiGLU over the sequence). State-dict keys match the reference's ``inner.*``.
+
+    Weights are fp32 and cast to ``forward_dtype`` in forward; ``H_init``/``L_init`` (the initial
+    ``z_H``/``z_L`` of every position, std 1) are persistent ``forward_dtype`` buffers.
+    """
+
+    def __init__(self, config: TinyRecursiveReasoningModel_ACTV1Config):
+        super().__init__(config, prefix_len=config.prefix_len)
+        self.L_level = ReasoningModule([
+            ReasoningBlock(config.hidden_size, config.num_heads, config.expansion, config.rms_norm_eps,
+                           mlp_t_len=self.total_len if config.mlp_t else None)
+            for _ in range(config.L_layers)])
+        self.add_initial_states()
+
+    def latent_recursion(self, z_H: torch.Tensor, z_L: torch.Tensor, x: torch.Tensor,
+                         cos_sin: CosSin | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``L_cycles`` latent updates given (answer + input), then one answer update (paper, Fig. 3)."""
+        for _ in range(self.config.L_cycles):
+            z_L = self.L_level(z_L, z_H + x, cos_sin)
+        return self.L_level(z_H, z_L, cos_sin), z_L
+
+    def forward(self, carry: InnerCarry, batch: dict[str, torch.Tensor]):
+        """Run one segment: ``H_cycles - 1`` recursions without gradient, then one with full backprop.
+
+        Args:
+            carry: ``z_H``, ``z_L`` ``[B, puzzle_emb_len + S, hidden]`` in the forward dtype.
+            batch: ``inputs`` ``[B, S]`` int, ``puzzle_identifiers`` ``[B]`` int.
+
+        Returns:
+            ``(new_carry, logits [B, S, V], (q_halt [B], q_continue [B]))``: logits in the forward
+            dtype, Q logits fp32 (read at prefix position 0), the carry detached.
+        """
+        cos_sin = self.rope()
+        x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"])
+        z_H, z_L = carry.z_H, carry.z_L
+        with torch.no_grad():
+            for _ in range(self.config.H_cycles - 1):
+                z_H, z_L = self.latent_recursion(z_H, z_L, x, cos_sin)
+        z_H, z_L = self.latent_recursion(z_H, z_L, x, cos_sin)
+
+        return self.outputs(z_H, z_L)
+
+
+class TinyRecursiveReasoningModel_ACTV1(ACTModel):
+    """TRM with ACT halting and deep supervision. One call is one segment (one optimizer step in training).
+
+    The interface is HRM's, so the trainer, :class:`models.losses.ACTLossHead` and carry
+    checkpoints work unchanged. In training a row halts after ``halt_max_steps`` segments, or
+    earlier when ``q_halt > 0`` (``no_ACT_continue=True``, the reference default) or
+    ``q_halt > q_continue`` (``no_ACT_continue=False``); with probability ``halt_exploration_prob``
+    it must first run U{2..halt_max_steps} segments. ``no_ACT_continue=False`` also runs HRM's
+    no-grad target segment and outputs ``target_q_continue`` (the reference crashes there: its call
+    unpacks five values from the inner model's three). Evaluation always runs ``halt_max_steps``.
+
+    Args:
+        config_dict: reference config keys (see :class:`TinyRecursiveReasoningModel_ACTV1Config`).
+
+    Raises:
+        ValueError: unknown/missing keys or invalid values.
+    """
+
+    config_class = TinyRecursiveReasoningModel_ACTV1Config
+    inner_class = TinyRecursiveReasoningModel_ACTV1_Inner
