@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from utils.data import arc
+from utils.data import arc, common
 from utils.data.puzzle_dataset import ARRAY_FIELDS, DatasetError, PuzzleDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,15 +161,15 @@ def test_crop_follows_the_reference_rule_by_hand():
 @pytest.mark.parametrize("t", range(8))
 def test_dihedral_matches_formulas_and_inverts(t):
     grid = np.arange(12).reshape(3, 4)
-    np.testing.assert_array_equal(arc.dihedral(grid, t), transform(grid, t))
-    np.testing.assert_array_equal(arc.inverse_dihedral(arc.dihedral(grid, t), t), grid)
+    np.testing.assert_array_equal(common.dihedral(grid, t), transform(grid, t))
+    np.testing.assert_array_equal(common.inverse_dihedral(common.dihedral(grid, t), t), grid)
     batch = np.stack([grid, grid + 100])  # a batch is transformed grid by grid
-    np.testing.assert_array_equal(arc.dihedral(batch, t)[1], transform(grid + 100, t))
+    np.testing.assert_array_equal(common.dihedral(batch, t)[1], transform(grid + 100, t))
 
 
 def test_bad_dihedral_index():
     with pytest.raises(ValueError, match="0..7"):
-        arc.dihedral(np.zeros((2, 2)), 8)
+        common.dihedral(np.zeros((2, 2)), 8)
 
 
 def test_colour_maps_and_names_round_trip():
@@ -182,8 +182,8 @@ def test_colour_maps_and_names_round_trip():
         assert NAME.match(name) and name.startswith("abc123|||t")
         task, t2, mapping2 = arc.parse_puzzle_name(name)
         assert (task, t2) == ("abc123", t) and np.array_equal(mapping2, mapping)
-        augmented = arc.dihedral(mapping[grid], t)
-        restored = arc.inverse_colour_map(mapping2)[arc.inverse_dihedral(augmented, t2)]
+        augmented = common.dihedral(mapping[grid], t)
+        restored = arc.inverse_colour_map(mapping2)[common.inverse_dihedral(augmented, t2)]
         np.testing.assert_array_equal(restored, grid)
         np.testing.assert_array_equal(undo(augmented, name), grid)  # the test's own inverse agrees
     task, t, mapping = arc.parse_puzzle_name("plain")

@@ -73,7 +73,8 @@ def test_on_disk_format_matches_the_reference(generated):
         assert sorted(p.name for p in d.iterdir()) == sorted(["dataset.json"] + [f"all__{f}.npy" for f in ARRAY_FIELDS])
         assert json.loads((d / "dataset.json").read_text()) == {
             "pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": 11, "seq_len": 81,
-            "num_puzzle_identifiers": 1, "total_groups": groups, "mean_puzzle_examples": 1.0, "sets": ["all"]}
+            "num_puzzle_identifiers": 1, "total_groups": groups, "mean_puzzle_examples": 1.0,
+            "total_puzzles": groups, "sets": ["all"]}  # TRM's field too: both references' loaders read it
         a = load_split(generated, split)
         n = groups * variants
         assert a["inputs"].dtype == a["labels"].dtype == np.uint8 and a["inputs"].shape == a["labels"].shape == (n, 81)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +43,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.puzzle_dataset import DatasetError
-from utils.data.sudoku import _check_output
+from utils.data.common import check_output_dir, dihedral, staged_dataset
 
 GRID_SIZE = 30
 SEQ_LEN = GRID_SIZE * GRID_SIZE
@@ -53,7 +52,6 @@ VOCAB_SIZE = 10 + COLOUR_OFFSET
 SEPARATOR = "|||"  # between task id, dihedral and colour map in a puzzle name
 DEFAULT_SEED = 42  # TRM's DataProcessConfig.seed
 RETRIES_FACTOR = 5  # at most RETRIES_FACTOR * num_aug augmentation trials per task (ARCAugmentRetriesFactor)
-DIHEDRAL_INVERSE = (0, 3, 2, 1, 4, 5, 6, 7)
 TRANSPOSING = np.array([False, True, False, True, False, False, True, True])  # dihedrals that swap height and width
 IDENTITY_MAP = np.arange(10, dtype=np.uint8)
 
@@ -147,42 +145,6 @@ def grid_key(grid: np.ndarray) -> bytes:
 
 # ----------------------------------------------------------------------------------------
 # Augmentations
-
-
-def dihedral(grid: np.ndarray, t: int) -> np.ndarray:
-    """Dihedral transform ``t`` (TRM dataset/common.py ``dihedral_transform``) of the last two axes.
-
-    t0 identity, t1/t2/t3 ``np.rot90`` by 1/2/3 quarter turns (counter-clockwise), t4 left-right flip,
-    t5 up-down flip, t6 transpose, t7 anti-transpose (t1 then a left-right flip).
-
-    Args:
-        grid: [..., H, W] array (a batch of grids is transformed grid by grid).
-        t: 0..7.
-    Returns:
-        [..., H, W] or [..., W, H] (t1, t3, t6, t7) view or copy.
-    Raises:
-        ValueError: t is not in 0..7.
-    """
-    if t in (1, 2, 3):
-        return np.rot90(grid, t, axes=(-2, -1))
-    if t == 4:
-        return np.flip(grid, -1)
-    if t == 5:
-        return np.flip(grid, -2)
-    if t == 6:
-        return np.swapaxes(grid, -1, -2)
-    if t == 7:
-        return np.flip(np.rot90(grid, 1, axes=(-2, -1)), -1)
-    if t == 0:
-        return grid
-    raise ValueError(f"dihedral transform index must be in 0..7, got {t!r}")
-
-
-def inverse_dihedral(grid: np.ndarray, t: int) -> np.ndarray:
-    """Undo :func:`dihedral` ``t``: ``inverse_dihedral(dihedral(g, t), t) == g``."""
-    if t not in range(8):
-        raise ValueError(f"dihedral transform index must be in 0..7, got {t!r}")
-    return dihedral(grid, DIHEDRAL_INVERSE[t])
 
 
 def puzzle_name(task_id: str, t: int, colour_map: np.ndarray) -> str:
@@ -679,7 +641,7 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
     output_dir = Path(output_dir)
     if num_aug < 0 or seed < 0:
         raise DatasetError(f"--num-aug and --seed must be >= 0, got {num_aug} and {seed}")
-    _check_output(output_dir, overwrite)
+    check_output_dir(output_dir, overwrite)
     subsets = load_subsets(dataset, source_dir, extra_train)
     for subset in subsets:
         for note in subset.notes:
@@ -708,10 +670,7 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
     source = {"dataset": dataset, "num_aug": num_aug, "seed": seed,
               "subsets": [{"name": s.name, "tasks": len(s.tasks), "test_set": s.is_test, "from": s.origin}
                           for s in subsets]}
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = output_dir.parent / f".{output_dir.name}.building-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+    with staged_dataset(output_dir) as staging:
         for split in ("train", "test"):
             counts = _write_split(staging / split, split, groups, rng)
             _write_metadata(staging / split, counts, next_id, source)
@@ -720,10 +679,5 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
             json.dump(names, f)
         with open(staging / "test_puzzles.json", "w") as f:
             json.dump({g.task.id: g.task.raw for g in groups if g.split_examples["test"]}, f)
-        if output_dir.exists():  # checked above: empty, or a dataset we may overwrite
-            shutil.rmtree(output_dir)
-        os.replace(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     print(f"wrote {output_dir}: {len(groups)} tasks, {next_id - 1} puzzle identifiers")
     return output_dir

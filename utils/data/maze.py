@@ -30,7 +30,6 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -38,9 +37,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.arc import dihedral
 from utils.data.puzzle_dataset import DatasetError
-from utils.data.sudoku import _check_output
+from utils.data.common import check_output_dir, dihedral, staged_dataset, write_one_example_split
 from utils.run.main import ArgumentParser
 
 CHARSET = "# SGo"  # token = index + 1; 0 is the pad
@@ -325,23 +323,7 @@ def _write_split(directory: Path, questions: np.ndarray, answers: np.ndarray, au
     transforms = range(NUM_DIHEDRAL) if aug else range(1)
     inputs = np.stack([dihedral(questions, t) for t in transforms], axis=1).reshape(-1, size * size)
     labels = np.stack([dihedral(answers, t) for t in transforms], axis=1).reshape(-1, size * size)
-    num_puzzles = len(inputs)  # one example per puzzle
-    arrays = {
-        "inputs": inputs.astype(np.uint8),
-        "labels": labels.astype(np.uint8),
-        "group_indices": np.arange(0, num_puzzles + 1, len(transforms), dtype=np.int32),
-        "puzzle_indices": np.arange(num_puzzles + 1, dtype=np.int32),
-        "puzzle_identifiers": np.zeros(num_puzzles, np.int32),
-    }
-    # Keys in the order of TRM's PuzzleDatasetMetadata (HRM's, plus total_puzzles = groups as TRM's builder writes).
-    metadata = {"pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": VOCAB_SIZE,
-                "seq_len": size * size, "num_puzzle_identifiers": 1, "total_groups": n, "mean_puzzle_examples": 1.0,
-                "total_puzzles": n, "sets": ["all"]}
-    directory.mkdir(parents=True)
-    with open(directory / "dataset.json", "w") as f:
-        json.dump(metadata, f)
-    for name, array in arrays.items():
-        np.save(directory / f"all__{name}.npy", array)
+    write_one_example_split(directory, inputs, labels, len(transforms), VOCAB_SIZE)
 
 
 def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLike | None = None,
@@ -387,7 +369,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
     low, high = wall_density
     if not 0 <= low <= high < 1:
         raise DatasetError(f"--wall-density must be LOW HIGH with 0 <= LOW <= HIGH < 1, got {low} {high}")
-    _check_output(output_dir, overwrite)
+    check_output_dir(output_dir, overwrite)
 
     if generate:
         start = time.perf_counter()
@@ -412,19 +394,11 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
         else:
             print(f"--subsample-size {subsample_size} >= {len(train_q)} training mazes: keeping all")
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = output_dir.parent / f".{output_dir.name}.building-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+    with staged_dataset(output_dir) as staging:
         _write_split(staging / "train", train_q, train_a, aug)
         _write_split(staging / "test", test_q, test_a, False)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
-        if output_dir.exists():  # checked above: empty, or a dataset we may overwrite
-            shutil.rmtree(output_dir)
-        os.replace(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     variants = NUM_DIHEDRAL if aug else 1
     print(f"wrote {output_dir}: train {len(train_q)} groups x {variants} puzzles, test {len(test_q)} puzzles "
           f"({train_q.shape[1]}x{train_q.shape[2]})")

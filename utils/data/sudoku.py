@@ -25,16 +25,15 @@ import csv
 import json
 import multiprocessing
 import os
-import shutil
 import time
-from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.puzzle_dataset import DatasetError, PuzzleDatasetMetadata
+from utils.data.common import check_output_dir, staged_dataset, write_one_example_split
+from utils.data.puzzle_dataset import DatasetError
 from utils.run.main import ArgumentParser
 
 SEQ_LEN = 81
@@ -428,38 +427,8 @@ def _write_split(directory: Path, questions: np.ndarray, answers: np.ndarray, nu
         if num_aug:
             inputs[first + 1:first + variants], labels[first + 1:first + variants] = shuffle_sudoku(
                 np.repeat(questions[g:g + 1], num_aug, 0), np.repeat(answers[g:g + 1], num_aug, 0), rng)
-    inputs += 1  # tokens: blank 0 -> 1, digit d -> d + 1
-    labels += 1
-    num_puzzles = len(inputs)  # one example per puzzle
-    arrays = {
-        "inputs": inputs,
-        "labels": labels,
-        "puzzle_identifiers": np.zeros(num_puzzles, np.int32),
-        "puzzle_indices": np.arange(num_puzzles + 1, dtype=np.int32),
-        "group_indices": np.arange(0, num_puzzles + 1, variants, dtype=np.int32),
-    }
-    metadata = PuzzleDatasetMetadata(
-        pad_id=0, ignore_label_id=0, blank_identifier_id=0, vocab_size=VOCAB_SIZE, seq_len=SEQ_LEN,
-        num_puzzle_identifiers=1, total_groups=len(questions), mean_puzzle_examples=1.0, sets=["all"],
-    )
-    directory.mkdir(parents=True)
-    with open(directory / "dataset.json", "w") as f:
-        json.dump(asdict(metadata), f)
-    for name, array in arrays.items():
-        np.save(directory / f"all__{name}.npy", array)
-
-
-def _check_output(output_dir: Path, overwrite: bool) -> None:
-    """Refuse to build over a file, a non-empty non-dataset directory, or a dataset without ``overwrite``."""
-    if not output_dir.exists():
-        return
-    if not output_dir.is_dir():
-        raise DatasetError(f"--output-dir {output_dir} is a file; pick a directory path")
-    if any(output_dir.iterdir()):
-        if not overwrite:
-            raise DatasetError(f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path")
-        if not (output_dir / "identifiers.json").exists():
-            raise DatasetError(f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)")
+    # Tokens: blank 0 -> 1, digit d -> d + 1; every cell is supervised (ignore_label_id 0 is the pad).
+    write_one_example_split(directory, inputs + 1, labels + 1, variants, VOCAB_SIZE)
 
 
 def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLike | None = None, generate: bool = False,
@@ -503,7 +472,7 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
         raise DatasetError(f"--max-blanks must be in [--min-blanks={min_blanks}, {MAX_BLANKS}], got {max_blanks}")
     if generate and min_difficulty is not None:
         raise DatasetError("--min-difficulty filters Sudoku-Extreme ratings; use it with --source-dir, not --generate")
-    _check_output(output_dir, overwrite)
+    check_output_dir(output_dir, overwrite)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     if generate:
@@ -526,19 +495,11 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
         else:
             print(f"--subsample-size {subsample_size} >= {len(train_q)} training puzzles: keeping all")
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = output_dir.parent / f".{output_dir.name}.building-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+    with staged_dataset(output_dir) as staging:
         _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
         _write_split(staging / "test", test_q, test_a, 0, augment_rng)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
-        if output_dir.exists():  # checked above: empty, or a dataset we may overwrite
-            shutil.rmtree(output_dir)
-        os.replace(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
     return output_dir
 

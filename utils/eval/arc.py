@@ -41,8 +41,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from utils.data.arc import (GRID_SIZE, SEQ_LEN, COLOUR_OFFSET, crop_shapes, grid_key, inverse_colour_map, inverse_dihedral,
-                            parse_grid, parse_puzzle_name)
+from utils.data.arc import (GRID_SIZE, SEQ_LEN, COLOUR_OFFSET, crop_shapes, grid_key, inverse_colour_map, parse_grid,
+                            parse_puzzle_name)
+from utils.data.common import inverse_dihedral
 from utils.data.puzzle_dataset import DatasetError, load_metadata
 from utils.eval.outputs import OutputsError, load_outputs
 

@@ -1,0 +1,122 @@
+"""Pieces every puzzle-dataset builder shares: the output-directory rules, the atomic build, the dihedral
+transforms, and writing a split of one-example puzzles in the HRM on-disk format (utils/data/puzzle_dataset.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from utils.data.puzzle_dataset import DatasetError
+
+# dihedral(dihedral(g, t), DIHEDRAL_INVERSE[t]) == g: rotations by 1 and 3 quarter turns undo each other,
+# the flips and (anti-)transposes undo themselves.
+DIHEDRAL_INVERSE = (0, 3, 2, 1, 4, 5, 6, 7)
+
+
+def dihedral(grid: np.ndarray, t: int) -> np.ndarray:
+    """Dihedral transform ``t`` of the last two axes (TRM ``dataset/common.py`` ``dihedral_transform``; HRM's is the same).
+
+    t0 identity, t1/t2/t3 ``np.rot90`` by 1/2/3 quarter turns (counter-clockwise), t4 left-right flip,
+    t5 up-down flip, t6 transpose, t7 anti-transpose (t1 then a left-right flip).
+
+    Args:
+        grid: [..., H, W] array (a batch of grids is transformed grid by grid).
+        t: 0..7.
+    Returns:
+        [..., H, W] or [..., W, H] (t1, t3, t6, t7) view or copy.
+    Raises:
+        ValueError: t is not in 0..7.
+    """
+    if t in (1, 2, 3):
+        return np.rot90(grid, t, axes=(-2, -1))
+    if t == 4:
+        return np.flip(grid, -1)
+    if t == 5:
+        return np.flip(grid, -2)
+    if t == 6:
+        return np.swapaxes(grid, -1, -2)
+    if t == 7:
+        return np.flip(np.rot90(grid, 1, axes=(-2, -1)), -1)
+    if t == 0:
+        return grid
+    raise ValueError(f"dihedral transform index must be in 0..7, got {t!r}")
+
+
+def inverse_dihedral(grid: np.ndarray, t: int) -> np.ndarray:
+    """Undo :func:`dihedral` ``t``: ``inverse_dihedral(dihedral(g, t), t) == g``."""
+    if t not in range(8):
+        raise ValueError(f"dihedral transform index must be in 0..7, got {t!r}")
+    return dihedral(grid, DIHEDRAL_INVERSE[t])
+
+
+def check_output_dir(output_dir: Path, overwrite: bool) -> None:
+    """Refuse to build over a file, a non-empty non-dataset directory, or a dataset without ``overwrite``.
+
+    Raises:
+        DatasetError: naming the path and the way out.
+    """
+    if not output_dir.exists():
+        return
+    if not output_dir.is_dir():
+        raise DatasetError(f"--output-dir {output_dir} is a file; pick a directory path")
+    if any(output_dir.iterdir()):
+        if not overwrite:
+            raise DatasetError(f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path")
+        if not (output_dir / "identifiers.json").exists():
+            raise DatasetError(f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)")
+
+
+@contextlib.contextmanager
+def staged_dataset(output_dir: Path) -> Iterator[Path]:
+    """Build into a temporary sibling directory, then rename it over ``output_dir``, so an interrupted build
+    never leaves a dataset that looks complete. Call :func:`check_output_dir` first: an existing
+    ``output_dir`` is replaced."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = output_dir.parent / f".{output_dir.name}.building-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        yield staging
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        os.replace(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def write_one_example_split(directory: Path, inputs: np.ndarray, labels: np.ndarray, variants: int, vocab_size: int,
+                            ignore_label_id: int | None = 0) -> None:
+    """Write one split of one-example puzzles with one puzzle identifier (0), ``variants`` puzzles to a group.
+
+    This is the layout of the reference Sudoku and maze builders: group g holds rows
+    ``g * variants .. (g + 1) * variants - 1`` (an original and its augmentations). ``dataset.json``
+    carries HRM's metadata fields plus TRM's ``total_puzzles`` (the number of groups, as TRM's builders
+    write it), so both references' loaders read it.
+
+    Args:
+        inputs, labels: uint8 [N, seq_len] tokens (pad 0); N a multiple of ``variants``.
+    """
+    num_puzzles, seq_len = inputs.shape
+    groups = num_puzzles // variants
+    arrays = {
+        "inputs": inputs.astype(np.uint8, copy=False),
+        "labels": labels.astype(np.uint8, copy=False),
+        "puzzle_identifiers": np.zeros(num_puzzles, np.int32),
+        "puzzle_indices": np.arange(num_puzzles + 1, dtype=np.int32),
+        "group_indices": np.arange(0, num_puzzles + 1, variants, dtype=np.int32),
+    }
+    # Keys in the order of TRM's PuzzleDatasetMetadata.
+    metadata = {"pad_id": 0, "ignore_label_id": ignore_label_id, "blank_identifier_id": 0, "vocab_size": vocab_size,
+                "seq_len": seq_len, "num_puzzle_identifiers": 1, "total_groups": groups, "mean_puzzle_examples": 1.0,
+                "total_puzzles": groups, "sets": ["all"]}
+    directory.mkdir(parents=True)
+    with open(directory / "dataset.json", "w") as f:
+        json.dump(metadata, f)
+    for name, array in arrays.items():
+        np.save(directory / f"all__{name}.npy", array)
