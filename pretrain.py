@@ -14,6 +14,7 @@ metrics, the non-finite guard, graceful stop, errors) is the shared run lifecycl
 import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import os
@@ -30,16 +31,19 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from models import build_model, model_bytes, validate_arch
-from models.checkpoints import load_model_weights, reference_state_dict
+from models.checkpoints import load_model_weights, load_pretrained, reference_state_dict
+from models.ema import EMAHelper
 from models.act import Carry, InnerCarry
 from models.layers import attention_backend
 from models.sparse_embedding import SparseEmbeddingSignSGD
 from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, merge_layers,
                           recipe_layers, to_dict, valid_keys)
-from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_splits
-from utils.data.sudoku import build_dataset as build_sudoku
+from utils.data.builders import build_dataset
+from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_compatible
 from utils.device import compile_decision, configure_backends, describe, memory_available, select_device, select_dtype
 from utils.distributed import Dist, any_rank, main_decides
+from utils.eval.arc import ARC
+from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
@@ -53,6 +57,7 @@ from utils.run.run_dir import (RunDirectory, find_matching_run, newest_loadable,
                                settings_fingerprint)
 from utils.run.schedule import LRSchedule
 from utils.run.stop import GracefulStop
+from utils.viz.puzzles import EvalPictures, VisualizationError, detect_task
 
 log = logging.getLogger("pretrain")
 
@@ -113,9 +118,14 @@ def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
         name, knobs, reason = resolve_hardware_profile(cfg.hardware, device)
         profile = [(f"hardware profile {name}", {"global_batch_size": knobs["global_batch_size"]})]
         decisions["hardware profile"] = Decision(name, reason)
-    merged, sources = merge_layers([defaults, *profile, *recipe, ("command line", cli)])
+    layers = [defaults, *profile, *recipe, ("command line", cli)]
+    merged, sources = merge_layers(layers)
     cfg = main_decides(build_config(merged), rank)
+    choose_data_paths(cfg, sources, [label for label, _ in layers])
     arch = validate_arch(cfg.arch)
+    if cfg.freeze_weights and not arch.get("puzzle_emb_ndim"):
+        raise ConfigError("freeze_weights=true trains only the puzzle embedding, but arch.puzzle_emb_ndim is 0: "
+                          "nothing would train")
     if cfg.global_batch_size % rank.world_size:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
@@ -130,37 +140,72 @@ def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
     return Setup(cfg, arch, plan, device, dtype, use_compile, cfg.global_batch_size // rank.world_size)
 
 
+def choose_data_paths(cfg: PretrainConfig, sources: dict[str, str], layer_order: list[str]) -> None:
+    """Settle the training data: ``data_path`` (HRM's spelling for one dataset) or ``data_paths`` (TRM's list),
+    whichever a later layer set; then ``data_paths`` holds the list and ``data_path`` its first entry.
+
+    Raises:
+        ConfigError: one layer sets both.
+    """
+    where = {key: layer_order.index(sources.get(key, "defaults")) for key in ("data_path", "data_paths")}
+    if cfg.data_paths and where["data_path"] == where["data_paths"] and where["data_path"] > 0:
+        raise ConfigError(f"{sources['data_path']} sets both data_path and data_paths: keep one "
+                          "(data_path=DIR for one dataset, data_paths=[DIR1,DIR2] for several)")
+    if not cfg.data_paths or where["data_path"] > where["data_paths"]:
+        cfg.data_paths = [cfg.data_path]
+    cfg.data_path = cfg.data_paths[0]
+
+
 # ---- data --------------------------------------------------------------------------------------------
 
-def prepare_data(cfg: PretrainConfig, sources: dict[str, str], rank: Dist) -> PuzzleDatasetMetadata:
-    """Make sure ``data_path`` holds a usable dataset (building it only where allowed); return the train metadata.
+def prepare_data(cfg: PretrainConfig, sources: dict[str, str], rank: Dist) -> None:
+    """Make sure every training and test dataset exists, building the recipe's own dataset where allowed.
 
     A dataset is built when ``data_path`` is missing and the recipe describes one (``dataset_builder``),
     but only at the recipe's own ``data_path``, or anywhere with ``build_data=true``: a mistyped path on
     the command line is an error, not a new dataset.
 
     Raises:
-        DatasetError: no dataset there (with how to build one), or train and test do not fit one model.
+        DatasetError: no dataset there (with how to build one).
+        ConfigError: ``dataset_builder`` holds a flag the builder does not know.
     """
-    path = Path(cfg.data_path)
-    if not (path / "train" / "dataset.json").is_file():
-        typed = sources.get("data_path") == "command line"
-        if cfg.dataset_builder is None or (typed and not cfg.build_data):
-            hint = ("add build_data=true to build the recipe's dataset there" if cfg.dataset_builder
+    for path in map(Path, dict.fromkeys(cfg.data_paths + cfg.data_paths_test)):
+        if (path / "train" / "dataset.json").is_file() or (path / "test" / "dataset.json").is_file():
+            continue
+        typed = "command line" in (sources.get("data_path"), sources.get("data_paths"))
+        buildable = cfg.dataset_builder is not None and path == Path(cfg.data_path)
+        if not buildable or (typed and not cfg.build_data):
+            hint = ("add build_data=true to build the recipe's dataset there" if buildable
                     else f"build one with python scripts/build_sudoku_dataset.py --generate --output-dir {path}")
             raise DatasetError(f"data_path '{path}' holds no dataset (no {path / 'train' / 'dataset.json'}): "
                                f"check the path, or {hint}")
         if rank.is_main:
             log.info("data_path %s is missing: building it (dataset_builder: %s)", path, cfg.dataset_builder)
-            try:
-                build_sudoku(path, **cfg.dataset_builder)
-            except TypeError as e:
-                raise ConfigError(f"dataset_builder: {e}; use the flags of scripts/build_sudoku_dataset.py "
-                                  "without dashes, e.g. {generate: true, train_size: 1000}") from None
+            build_dataset(path, cfg.dataset_builder)
         if rank.world_size > 1:
             dist.barrier()
-    train, _test = check_splits(path)
-    return train
+
+
+def make_evaluators(cfg: PretrainConfig, test_paths: list[str]) -> list:
+    """The evaluators that score test outputs: those of ``evaluators``, or with ``evaluators`` unset, the ARC
+    evaluator when the test data is ARC (it has ``test_puzzles.json``), as TRM's ARC recipes configure it.
+
+    Raises:
+        ConfigError: an evaluator's options are unknown, or the ARC evaluator gets several test datasets.
+    """
+    specs = cfg.evaluators
+    if specs is None:
+        specs = [{"name": "ARC"}] if (Path(test_paths[0]) / "test_puzzles.json").is_file() else []
+    evaluators = []
+    for spec in specs:
+        if len(test_paths) > 1:
+            raise ConfigError(f"the {spec['name']} evaluator scores one test dataset, got data_paths_test={test_paths}")
+        options = {k: v for k, v in spec.items() if k != "name"}
+        try:
+            evaluators.append(ARC(test_paths[0], **options))
+        except TypeError as e:
+            raise ConfigError(f"evaluators: {spec}: {e}") from None
+    return evaluators
 
 
 # ---- the run directory and resuming --------------------------------------------------------------------
@@ -221,12 +266,14 @@ class TrainState:
     carry: Any = None
 
 
-def save_checkpoint(run: Optional[RunDirectory], head, optimizers, loader: PuzzleDataset, state: TrainState,
-                    guard: NonFiniteGuard, setup: Setup, rank: Dist) -> Optional[Path]:
+def save_checkpoint(run: Optional[RunDirectory], head, optimizers, ema: Optional[EMAHelper], loader: PuzzleDataset,
+                    state: TrainState, guard: NonFiniteGuard, setup: Setup, rank: Dist) -> Optional[Path]:
     """Write ``step_<N>.pt`` atomically (rank 0) with everything needed to resume exactly, then prune.
 
-    Holds the model in reference key format, both optimizer states, the step, the settings, the
-    sampler position, and per rank the ACT carry and RNG states. Returns the path on rank 0.
+    ``model`` holds the weights in the reference key format; with EMA on these are the EMA weights, as the
+    reference saves them, and ``live_model`` and ``ema`` hold what a resume needs besides. Also: both
+    optimizer states, the step, the settings, the sampler position, and per rank the ACT carry and RNG
+    states. Returns the path on rank 0.
 
     Raises:
         CheckpointWriteError: the write failed (the previous checkpoint is intact).
@@ -245,35 +292,39 @@ def save_checkpoint(run: Optional[RunDirectory], head, optimizers, loader: Puzzl
         dist.gather_object(per_rank, gathered if rank.is_main else None, dst=0)
     if not rank.is_main:
         return None
-    path = atomic_save({
-        "model": reference_state_dict(head),
-        "optimizers": [opt.state_dict() for opt in optimizers],
-        "step": state.step,
-        "nonfinite_total": guard.total,
-        "config": setup.plan.settings,
-        "run_id": run.run_id,
-        "train_loader": loader.state_dict(),
-        "ranks": gathered,
-    }, run.target(f"step_{state.step}.pt"))
-    run.record(path, setup.cfg.keep_last_checkpoints)
+    payload = {"optimizers": [opt.state_dict() for opt in optimizers], "step": state.step, "nonfinite_total": guard.total,
+               "config": setup.plan.settings, "run_id": run.run_id, "train_loader": loader.state_dict(), "ranks": gathered}
+    if ema is None:
+        payload["model"] = reference_state_dict(head)
+    else:
+        payload["live_model"] = reference_state_dict(head)
+        payload["ema"] = ema.state_dict()
+        with ema.swapped():
+            payload["model"] = {k: v.clone() for k, v in reference_state_dict(head).items()}
+    path = atomic_save(payload, run.claim_checkpoint(f"step_{state.step}.pt"))
+    run.prune(setup.cfg.keep_last_checkpoints)
     log.info("checkpoint: %s", path)
     return path
 
 
-def restore_training(path: Path, head, optimizers, loader: PuzzleDataset, state: TrainState, guard: NonFiniteGuard,
-                     rank: Dist, device: torch.device) -> None:
+def restore_training(path: Path, head, optimizers, ema: Optional[EMAHelper], loader: PuzzleDataset, state: TrainState,
+                     guard: NonFiniteGuard, rank: Dist, device: torch.device) -> None:
     """Load a :func:`save_checkpoint` file into the live objects so the run continues exactly.
 
     Raises:
         CheckpointError: the file is corrupt, unsafe, or lacks resume state (e.g. a bare weights file),
-            or comes from a different architecture.
+            or comes from a different architecture, or its EMA setting differs.
     """
     payload = safe_load(path)
     missing = {"model", "optimizers", "step", "train_loader", "ranks"} - set(payload)
     if missing:
         raise CheckpointError(f"{path} cannot be resumed from: it lacks {sorted(missing)} (a weights-only checkpoint? "
                               "start from weights with load_checkpoint= instead)")
-    load_model_weights(head, payload["model"], str(path))
+    if (ema is None) != ("ema" not in payload):
+        raise CheckpointError(f"{path} was written with ema={'ema' in payload}; resume with the same ema setting")
+    load_model_weights(head, payload.get("live_model", payload["model"]), str(path))
+    if ema is not None:
+        ema.load_state_dict({k: v.to(device) for k, v in payload["ema"].items()})
     if len(payload["optimizers"]) != len(optimizers):
         raise CheckpointError(f"{path} holds {len(payload['optimizers'])} optimizer states, this run has {len(optimizers)}")
     for opt, opt_state in zip(optimizers, payload["optimizers"]):
@@ -328,16 +379,20 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
         torch.use_deterministic_algorithms(True)
 
-    metadata = prepare_data(cfg, setup.plan.sources, rank)
-    train_loader = PuzzleDataset(cfg.data_path, "train", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
+    prepare_data(cfg, setup.plan.sources, rank)
+    test_paths = cfg.data_paths_test or cfg.data_paths
+    train_loader = PuzzleDataset(cfg.data_paths, "train", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
                                  world_size=rank.world_size, epochs_per_iter=cfg.eval_interval)
-    eval_loader = PuzzleDataset(cfg.data_path, "test", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
+    eval_loader = PuzzleDataset(test_paths, "test", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
                                 world_size=rank.world_size)
+    metadata = train_loader.metadata
+    check_compatible(metadata, eval_loader.metadata, f"{cfg.data_paths} and {test_paths}")
+    evaluators = make_evaluators(cfg, test_paths)
     total_steps = int(cfg.epochs * metadata.total_groups * metadata.mean_puzzle_examples / cfg.global_batch_size)
     if total_steps < 1:
         raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "
                           f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
-    checkpoint_bytes = check_memory(setup, metadata)
+    checkpoint_bytes = check_memory(setup, metadata) * (2 if cfg.ema else 1)
 
     run, resume_path = None, None
     if rank.is_main:
@@ -350,32 +405,50 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
     head = build_model(setup.arch, batch_size=setup.local_batch_size, seq_len=metadata.seq_len,
                        vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
                        dtype=setup.dtype, device=device)
+    if cfg.load_checkpoint and resume_path is None:
+        note = load_pretrained(head, cfg.load_checkpoint)
+        if rank.is_main:
+            log.info("starting from the weights of %s%s", cfg.load_checkpoint, f"; {note}" if note else "")
     if rank.world_size > 1:
         for tensor in list(head.model.parameters()) + list(head.model.buffers()):
             dist.broadcast(tensor.data, src=0)
     torch.manual_seed(cfg.seed + rank.rank)
 
-    adam = get_adam_atan2_optimizer(head.model.parameters(), lr=0.0, betas=(cfg.beta1, cfg.beta2),
-                                    weight_decay=cfg.weight_decay, backend=cfg.optimizer_backend)
-    optimizers: list[torch.optim.Optimizer] = [adam]
-    schedules = [LRSchedule(cfg.lr, cfg.lr_warmup_steps, total_steps, min_ratio=cfg.lr_min_ratio)]
+    optimizers: list[torch.optim.Optimizer] = []
+    schedules = []
+    base = LRSchedule(cfg.lr, cfg.lr_warmup_steps, total_steps, min_ratio=cfg.lr_min_ratio)
+    if cfg.freeze_weights:
+        head.model.requires_grad_(False)
+        adam_name = "none (freeze_weights=true)"
+    else:
+        adam = get_adam_atan2_optimizer(head.model.parameters(), lr=0.0, betas=(cfg.beta1, cfg.beta2),
+                                        weight_decay=cfg.weight_decay, backend=cfg.optimizer_backend)
+        optimizers.append(adam)
+        schedules.append(base)
+        adam_name = f"{type(adam).__module__}.{type(adam).__name__}"
     if head.model.config.puzzle_emb_ndim > 0:
         optimizers.append(SparseEmbeddingSignSGD([head.model.puzzle_emb], lr=0.0, weight_decay=cfg.puzzle_emb_weight_decay))
-        schedules.append(dataclasses.replace(schedules[0], base_lr=cfg.puzzle_emb_lr))
+        schedules.append(dataclasses.replace(base, base_lr=cfg.puzzle_emb_lr))
+    ema = EMAHelper(head, cfg.ema_rate) if cfg.ema and not cfg.freeze_weights else None
     forward = compile_model(head) if setup.compile else head
-    setup.plan.decisions["optimizer"] = Decision(f"{type(adam).__module__}.{type(adam).__name__}; puzzle embedding: "
-                                                 "sign-SGD", f"optimizer_backend={cfg.optimizer_backend}")
+    setup.plan.decisions["optimizer"] = Decision(f"{adam_name}; puzzle embedding: sign-SGD",
+                                                 f"optimizer_backend={cfg.optimizer_backend}")
+    if cfg.ema:
+        setup.plan.decisions["EMA"] = Decision(f"ema_rate={cfg.ema_rate}" if ema else "off",
+                                               "evaluation and checkpoints use the EMA weights" if ema
+                                               else "freeze_weights=true leaves nothing to average")
 
     guard = NonFiniteGuard(cfg.max_nonfinite_steps, f"a lower lr (lr={cfg.lr} now), a longer lr_warmup_steps or "
                                                      "forward_dtype=float32, or check the dataset for bad labels")
     state = TrainState()
     if resume_path is not None:
-        restore_training(resume_path, head, optimizers, train_loader, state, guard, rank, device)
+        restore_training(resume_path, head, optimizers, ema, train_loader, state, guard, rank, device)
     if rank.is_main:
         setup.plan.log()
         n_params = sum(p.numel() for p in head.model.parameters())
-        log.info("parameters: %s; data: %s (%d train groups, seq_len %d, vocab %d); %d optimizer steps",
-                 f"{n_params:,}", cfg.data_path, metadata.total_groups, metadata.seq_len, metadata.vocab_size, total_steps)
+        log.info("parameters: %s; data: %s (%d train groups, seq_len %d, vocab %d); evaluators: %s; %d optimizer steps",
+                 f"{n_params:,}", ", ".join(cfg.data_paths), metadata.total_groups, metadata.seq_len,
+                 metadata.vocab_size, ", ".join(type(e).__name__ for e in evaluators) or "none", total_steps)
         log.info("run directory: %s (run %s)%s", run.path, run.run_id,
                  f"; resumed from {resume_path} at step {state.step}" if resume_path else "")
         setup.plan.save(run.path / "plan.yaml")
@@ -383,13 +456,33 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
     metrics_out = MetricsWriter(run_path, enabled=rank.is_main, resume_step=state.step if resume_path else None,
                                 logger=cfg.logger, run_id=run.run_id if run else None, project=cfg.project_name,
                                 config=setup.plan.settings)
+    task = puzzle_task(eval_loader.metadata)
 
     def checkpoint() -> Optional[Path]:
         try:
-            return save_checkpoint(run, head, optimizers, train_loader, state, guard, setup, rank)
+            return save_checkpoint(run, head, optimizers, ema, train_loader, state, guard, setup, rank)
         except CheckpointWriteError as e:
             last = run.checkpoints()[-1] if run and run.checkpoints() else None
             raise CheckpointWriteError(f"{e}; " + (f"resume with: {command}" if last else "no checkpoint of this run exists yet"))
+
+    def evaluate() -> None:
+        for evaluator in evaluators:
+            evaluator.begin_eval()
+        collector = OutputsCollector(tuple(cfg.eval_save_outputs)) if cfg.eval_save_outputs else None
+        pictures = EvalPictures(task) if rank.is_main and task else None
+        consumers = [*evaluators, *(c for c in (collector, pictures) if c is not None)]
+        with ema.swapped() if ema is not None else contextlib.nullcontext():
+            results = evaluate_puzzles(forward, head, eval_loader, device, rank, cfg.eval_max_examples, consumers=consumers)
+        for evaluator in evaluators:
+            save_path = run_path / f"evaluator_{type(evaluator).__name__}_step_{state.step}" if rank.is_main else None
+            results.update(evaluator.result(save_path, rank.rank, rank.world_size) or {})
+        if collector is not None:
+            collector.save(run_path, state.step, rank.rank)
+        if rank.is_main:
+            metrics_out.log(state.step, {f"eval/{k}": v for k, v in results.items()})
+            if pictures is not None:
+                metrics_out.log_images(state.step, pictures.images())
+            tqdm.write(f"step {state.step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
 
     sums: dict[str, torch.Tensor] = {}
     examples_since_log, t_log = 0, time.perf_counter()
@@ -416,6 +509,8 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                         opt.step()
                 for opt in optimizers:
                     opt.zero_grad(set_to_none=True)
+                if ema is not None:  # every batch, as the reference does
+                    ema.update()
 
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0) + v.detach().to(torch.float64)
@@ -423,7 +518,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                 bar.update(1)
                 if state.step % cfg.log_interval == 0 or state.step == total_steps:
                     n_steps = (state.step - 1) % cfg.log_interval + 1
-                    log_train_point(metrics_out, reduce_metrics(sums, rank), state.step, n_steps, cfg, schedules[0],
+                    log_train_point(metrics_out, reduce_metrics(sums, rank), state.step, n_steps, cfg, base,
                                     examples_since_log / (time.perf_counter() - t_log), guard, bar)
                     sums, examples_since_log, t_log = {}, 0, time.perf_counter()
                 if any_rank(stopper.requested, rank):
@@ -433,11 +528,11 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                                  stopper.signal_name or "a signal on another rank", state.step, path, command)
                     return 0
 
-            results = evaluate_puzzles(forward, head, eval_loader, device, rank, cfg.eval_max_examples)
-            if rank.is_main:
-                metrics_out.log(state.step, {f"eval/{k}": v for k, v in results.items()})
-                tqdm.write(f"step {state.step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
-            if cfg.checkpoint_every_eval or iteration == total_iters - 1:
+            if iteration >= cfg.min_eval_interval:
+                evaluate()
+                if cfg.checkpoint_every_eval:
+                    checkpoint()
+            if iteration == total_iters - 1 and not (cfg.checkpoint_every_eval and iteration >= cfg.min_eval_interval):
                 checkpoint()
     finally:
         bar.close()
@@ -445,6 +540,14 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
     if rank.is_main:
         log.info("done: %d steps; checkpoints and metrics.jsonl in %s", state.step, run.path)
     return 0
+
+
+def puzzle_task(metadata: PuzzleDatasetMetadata) -> Optional[str]:
+    """The task to draw evaluation pictures of (sudoku, maze, arc), or None for data the pictures do not know."""
+    try:
+        return detect_task(metadata)
+    except VisualizationError:
+        return None
 
 
 def gradients_and_loss(head, loss: torch.Tensor, rank: Dist) -> dict[str, torch.Tensor]:

@@ -7,9 +7,11 @@ checkpoints store the weights under the same keys, so each side loads the other'
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
-from utils.run.checkpoint import CheckpointError
+from utils.run.checkpoint import CheckpointError, safe_load
 
 REFERENCE_KEY_PREFIX = "_orig_mod.model."
 REFERENCE_PREFIXES = ("_orig_mod.", "model.")
@@ -51,3 +53,37 @@ def load_model_weights(head: torch.nn.Module, state: dict[str, torch.Tensor], so
             f"checkpoint {source} does not fit this architecture: missing {missing[:3]}, unexpected {unexpected[:3]}, "
             f"shape mismatches {mismatched[:3]}; use the arch.* settings the checkpoint was trained with")
     head.model.load_state_dict(state)
+
+
+PUZZLE_EMBEDDING_KEY = "inner.puzzle_emb.weights"
+
+
+def load_pretrained(head: torch.nn.Module, path: str) -> Optional[str]:
+    """Start ``head`` from the weights in ``path`` (``load_checkpoint=``): a ``step_<N>.pt`` of ours, a bare state
+    dict of the reference HRM (``checkpoint``) or TRM (``step_<N>``), keys with or without ``_orig_mod.model.``.
+
+    When the checkpoint's puzzle-embedding table has another number of rows (fine-tuning on other puzzles),
+    every row starts as the mean of its rows, as TRM's ``load_checkpoint`` does (``pretrain.py``). Unlike
+    ``resume=``, nothing else (optimizer states, step, sampler) is taken over.
+
+    Returns:
+        A sentence about the resized table, or None.
+
+    Raises:
+        CheckpointError: the file does not load, or its weights do not fit this architecture.
+    """
+    payload = safe_load(path)
+    state = payload["model"] if isinstance(payload, dict) and isinstance(payload.get("model"), dict) else payload
+    if not isinstance(state, dict):
+        raise CheckpointError(f"load_checkpoint={path} holds a {type(state).__name__}, not model weights")
+    state = strip_reference_prefix(state)
+    note = None
+    own = head.model.state_dict()
+    if PUZZLE_EMBEDDING_KEY in state and PUZZLE_EMBEDDING_KEY in own \
+            and state[PUZZLE_EMBEDDING_KEY].shape != own[PUZZLE_EMBEDDING_KEY].shape:
+        found, expected = tuple(state[PUZZLE_EMBEDDING_KEY].shape), own[PUZZLE_EMBEDDING_KEY].shape
+        state[PUZZLE_EMBEDDING_KEY] = state[PUZZLE_EMBEDDING_KEY].mean(dim=0, keepdim=True).expand(expected).contiguous()
+        note = (f"the puzzle embedding of {path} has shape {found}, this dataset needs {tuple(expected)}: "
+                "every row starts as the mean of the checkpoint's rows (as TRM's load_checkpoint does)")
+    load_model_weights(head, state, str(path))
+    return note

@@ -12,7 +12,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
 
 from utils.data.arc import DATASETS, DEFAULT_SEED, build_arc_dataset  # noqa: E402
-from utils.run.main import cli_main  # noqa: E402
+from utils.run.main import ArgumentParser, cli_main  # noqa: E402
 
 EPILOG = """\
 sources:
@@ -38,7 +38,7 @@ TRM's recipes (README of SamsungSAILMontreal/TinyRecursiveModels):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description="Build an ARC-AGI dataset (HRM/TRM puzzle format, 30x30 grids as 900 tokens) with the reference "
                     "augmentation, offline.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -50,10 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", required=True, help="dataset directory to create")
     parser.add_argument("--num-aug", type=int, default=1000, help="augmented variants per task (default 1000, as TRM)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"random seed (default {DEFAULT_SEED}, as TRM)")
+    parser.add_argument("--max-tasks", type=int, metavar="N",
+                        help="keep only the first N tasks of each task set (quick CPU runs; default: all)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
     args = parser.parse_args(argv)
     build_arc_dataset(args.output_dir, args.dataset, source_dir=args.source_dir, extra_train=tuple(args.extra_train),
-                      num_aug=args.num_aug, seed=args.seed, overwrite=args.overwrite)
+                      num_aug=args.num_aug, seed=args.seed, max_tasks=args.max_tasks, overwrite=args.overwrite)
     return 0
 
 

@@ -130,7 +130,7 @@ def collect(dataset, make_pred, batch_size=8, world_size=1):
                 preds.append(tokens)
                 q.append(logit)
             row += batch_size
-            collector.update(batch, {"preds": torch.tensor(np.stack(preds)),
+            collector.update_batch(batch, {"preds": torch.tensor(np.stack(preds)),
                                      "q_halt_logits": torch.tensor(q, dtype=torch.float32)})
     return collectors
 

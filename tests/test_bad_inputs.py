@@ -21,10 +21,10 @@ PRETRAIN_CASES = [
     ("arch.hidden_size=wide", "arch: bad value for 'hidden_size'"),
     ("arch.hidden_size=4194304", "GiB for its weights"),
     ("arch.num_heads=0", "must be >= 1"),
-    ("arch.num_heads=3", "is not divisible by num_heads"),
+    ("arch.num_heads=3", "divisible by num_heads (3)"),
     ("arch.H_cycles=0", "must all be >= 1"),
     ("arch.L_layers=-1", "must all be >= 1"),
-    ("arch.halt_max_steps=0", "must all be >= 1"),
+    ("arch.halt_max_steps=0", "halt_max_steps (0) must be >= 1"),
     ("arch.halt_exploration_prob=2", "must be in [0, 1]"),
     ("arch.expansion=0", "expansion (0.0) > 0"),
     ("arch.pos_encodings=bogus", "use 'rope' or 'learned'"),
@@ -103,7 +103,7 @@ def test_pretrain_setting(sudoku_dir, tmp_path, capsys, override, fragment):
 
 @pytest.mark.parametrize("overrides,fragment", [
     (["data_path={missing}"], "holds no dataset"),
-    (["data_path={missing}", "build_data=true", "dataset_builder={{bogus: 1}}"], "dataset_builder: "),
+    (["data_path={missing}", "build_data=true", "dataset_builder={{bogus: 1}}"], "dataset_builder: sudoku builds take no bogus"),
     (["resume={missing}"], "no such file or directory"),
     (["resume={file}"], "is not a PyTorch checkpoint"),
     (["checkpoint_path={file}/run"], "cannot create run directory"),

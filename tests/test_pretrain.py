@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import evaluate
 import pretrain
@@ -56,8 +57,11 @@ def test_evaluate_loads_a_reference_checkpoint_with_all_config_yaml(sudoku_dir, 
     ref_dir.mkdir()
     # The released layout: a raw state dict named `checkpoint` next to all_config.yaml.
     torch.save(safe_load(run_dir / "step_16.pt")["model"], ref_dir / "checkpoint")
-    text = (run_dir / "all_config.yaml").read_text() + "eval_save_outputs: []\n"  # a reference-only key
-    (ref_dir / "all_config.yaml").write_text(text)
+    # The reference's all_config.yaml: its class-path architecture name, and keys this trainer does not use.
+    config = OmegaConf.to_container(OmegaConf.load(run_dir / "all_config.yaml"))
+    config["arch"]["name"] = "hrm.hrm_act_v1@HierarchicalReasoningModel_ACTV1"
+    config["some_reference_only_key"] = 1
+    OmegaConf.save(config, ref_dir / "all_config.yaml")
     capsys.readouterr()
     assert evaluate.main(["--checkpoint", str(ref_dir / "checkpoint"), "--forward-dtype", "float32", "--json"]) == 0
     assert "exact_accuracy" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])

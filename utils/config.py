@@ -46,7 +46,11 @@ class PretrainConfig:
 
     # The architecture: ``name`` (a registry name, see models/__init__.py), ``loss``, and its own keys.
     arch: dict[str, Any] = field(default_factory=lambda: {"name": "hrm_v1"})
+    # The training data: data_path (HRM's spelling, one dataset) or data_paths (TRM's, several; puzzle
+    # identifiers stay unique across them). Where both are set, the later layer wins.
     data_path: str = "data/arc-aug-1000"
+    data_paths: list[str] = field(default_factory=list)
+    data_paths_test: list[str] = field(default_factory=list)  # empty: the test splits of the training data
     # How to build the dataset at data_path when it is missing (scripts/build_sudoku_dataset.py flags
     # without the dashes); used only at the recipe's own data_path, or anywhere with build_data=true.
     dataset_builder: Optional[dict[str, Any]] = None
@@ -56,7 +60,13 @@ class PretrainConfig:
     epochs: int = 100000
     eval_interval: int = 10000
     checkpoint_every_eval: bool = True
+    min_eval_interval: int = 0  # the first evaluation is after this many eval intervals (TRM)
     eval_max_examples: Optional[int] = None  # null: the whole test split
+    # Evaluators run on the test outputs ([{name: arc@ARC}]); null: the ARC evaluator for ARC datasets, none otherwise.
+    evaluators: Optional[list[dict[str, Any]]] = None
+    # Keys of the test outputs saved per evaluation as step_<N>_all_preds.<rank> (the reference's files):
+    # any of inputs, labels, puzzle_identifiers, preds, q_halt_logits.
+    eval_save_outputs: list[str] = field(default_factory=list)
 
     lr: float = 1e-4
     lr_min_ratio: float = 1.0
@@ -67,6 +77,10 @@ class PretrainConfig:
     puzzle_emb_weight_decay: float = 0.1
     puzzle_emb_lr: float = 1e-2
     optimizer_backend: str = "auto"  # auto | native | torch | adamw
+    ema: bool = False  # evaluate and save an exponential moving average of the weights (TRM)
+    ema_rate: float = 0.999
+    load_checkpoint: Optional[str] = None  # start from these weights (ours, or a reference HRM/TRM checkpoint)
+    freeze_weights: bool = False  # train only the puzzle embedding (fine-tuning to new puzzles)
 
     seed: int = 0
     project_name: Optional[str] = None
@@ -91,7 +105,9 @@ class PretrainConfig:
 # left out of the settings fingerprint that identifies "the same run" (utils/run/run_dir.py).
 RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "logger", "log_interval",
                     "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
-                    "eval_max_examples")
+                    "eval_max_examples", "evaluators", "eval_save_outputs")
+EVALUATORS = {"arc@ARC": "ARC", "ARC": "ARC", "arc": "ARC"}  # TRM's names, and ours
+SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits")
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -269,6 +285,16 @@ def check_ranges(cfg: PretrainConfig) -> None:
     _require(str(cfg.compile).lower() in ("auto", "true", "false"), "compile", cfg.compile, "use auto, true or false")
     cfg.compile = {"auto": "auto", "true": True, "false": False}[str(cfg.compile).lower()]
     _require(bool(cfg.data_path), "data_path", cfg.data_path, "must name a dataset directory")
+    for key in ("data_paths", "data_paths_test"):
+        _require(all(isinstance(p, str) and p for p in getattr(cfg, key)), key, getattr(cfg, key),
+                 "must be a list of dataset directories")
+    _require(cfg.min_eval_interval >= 0, "min_eval_interval", cfg.min_eval_interval, "must be 0 or more")
+    _require(0 <= cfg.ema_rate <= 1, "ema_rate", cfg.ema_rate, "must be in [0, 1] (the reference uses 0.999)")
+    bad = [k for k in cfg.eval_save_outputs if k not in SAVE_OUTPUT_KEYS]
+    _require(not bad, "eval_save_outputs", cfg.eval_save_outputs, f"use any of {', '.join(SAVE_OUTPUT_KEYS)}")
+    for evaluator in cfg.evaluators or []:
+        _require(isinstance(evaluator, dict) and evaluator.get("name") in EVALUATORS, "evaluators", cfg.evaluators,
+                 f"each entry is {{name: ...}} with a name in {', '.join(EVALUATORS)}")
     for key in ("project_name", "run_name"):
         value = getattr(cfg, key)
         _require(value is None or (value and os.sep not in value and value not in (".", "..")), key, value,

@@ -34,6 +34,7 @@ recipes add ConceptARC) come after the official ones.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
@@ -616,7 +617,8 @@ def _write_metadata(directory: Path, counts: dict, num_identifiers: int, source:
 
 def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1", *,
                       source_dir: str | os.PathLike | None = None, extra_train: tuple[str | os.PathLike, ...] = (),
-                      num_aug: int = 1000, seed: int = DEFAULT_SEED, overwrite: bool = False) -> Path:
+                      num_aug: int = 1000, seed: int = DEFAULT_SEED, max_tasks: int | None = None,
+                      overwrite: bool = False) -> Path:
     """Build an ARC-AGI dataset in TRM's on-disk format (see the module docstring and utils/data/puzzle_dataset.py).
 
     Writes ``identifiers.json``, ``test_puzzles.json`` and ``{train,test}/{dataset.json, all__*.npy}``
@@ -632,6 +634,8 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
             e.g. ConceptARC for TRM's arc1concept / arc2concept recipes.
         num_aug: variants per task besides the original (TRM: 1000).
         seed: seed of the legacy RandomState (TRM: 42).
+        max_tasks: keep only the first this many tasks of each subset (in file order), for smoke tests
+            and quickstarts; None keeps all, as the reference does.
         overwrite: replace an existing dataset at ``output_dir``.
     Returns:
         ``output_dir`` as a Path.
@@ -641,8 +645,12 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
     output_dir = Path(output_dir)
     if num_aug < 0 or seed < 0:
         raise DatasetError(f"--num-aug and --seed must be >= 0, got {num_aug} and {seed}")
+    if max_tasks is not None and max_tasks < 1:
+        raise DatasetError(f"--max-tasks must be >= 1, got {max_tasks}")
     check_output_dir(output_dir, overwrite)
     subsets = load_subsets(dataset, source_dir, extra_train)
+    if max_tasks is not None:
+        subsets = [dataclasses.replace(s, tasks=s.tasks[:max_tasks]) for s in subsets]
     for subset in subsets:
         for note in subset.notes:
             print(f"warning: {note}")
@@ -667,7 +675,7 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
         print(f"warning: {len(short)} task(s) have fewer than {num_aug} distinct variants: {', '.join(short[:10])}"
               + (" ..." if len(short) > 10 else ""))
 
-    source = {"dataset": dataset, "num_aug": num_aug, "seed": seed,
+    source = {"dataset": dataset, "num_aug": num_aug, "seed": seed, "max_tasks": max_tasks,
               "subsets": [{"name": s.name, "tasks": len(s.tasks), "test_set": s.is_test, "from": s.origin}
                           for s in subsets]}
     with staged_dataset(output_dir) as staging:

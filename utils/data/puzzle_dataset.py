@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -109,26 +111,23 @@ def load_metadata(data_path: str | os.PathLike, split: str) -> PuzzleDatasetMeta
     return meta
 
 
-def check_splits(data_path: str | os.PathLike) -> tuple[PuzzleDatasetMetadata, PuzzleDatasetMetadata]:
-    """Read the train and test metadata of a dataset and check that one model can serve both.
+def check_compatible(train: PuzzleDatasetMetadata, test: PuzzleDatasetMetadata, where: str) -> None:
+    """Check that one model can train on ``train`` and be evaluated on ``test``.
 
     Run before training, so a mismatch is found before the training time is spent, not at the first
     evaluation.
 
     Raises:
-        DatasetError: a split is missing or malformed, or they disagree on ``seq_len``, ``vocab_size``,
-            ``pad_id``, ``ignore_label_id`` or ``blank_identifier_id``, or the test split uses puzzle
-            identifiers beyond the training split's table.
+        DatasetError: they disagree on ``seq_len``, ``vocab_size``, ``pad_id``, ``ignore_label_id`` or
+            ``blank_identifier_id``, or the test data uses puzzle identifiers beyond the training table.
     """
-    train, test = load_metadata(data_path, "train"), load_metadata(data_path, "test")
     for name in ("seq_len", "vocab_size", "pad_id", "ignore_label_id", "blank_identifier_id"):
         if getattr(train, name) != getattr(test, name):
-            raise DatasetError(f"{data_path}: train and test disagree on {name} ({getattr(train, name)} vs "
-                               f"{getattr(test, name)}); both splits must come from one build of the dataset")
+            raise DatasetError(f"{where}: train and test disagree on {name} ({getattr(train, name)} vs "
+                               f"{getattr(test, name)}); train and test data must come from one build of the dataset")
     if test.num_puzzle_identifiers > train.num_puzzle_identifiers:
-        raise DatasetError(f"{data_path}: the test split has {test.num_puzzle_identifiers} puzzle identifiers, more than "
-                           f"the {train.num_puzzle_identifiers} of the training split; rebuild the dataset")
-    return train, test
+        raise DatasetError(f"{where}: the test data has {test.num_puzzle_identifiers} puzzle identifiers, more than "
+                           f"the {train.num_puzzle_identifiers} of the training data; rebuild the dataset")
 
 
 def _check_offsets(where: str, offsets: np.ndarray, total: int, what: str) -> None:
@@ -199,6 +198,43 @@ def load_arrays(data_path: str | os.PathLike, split: str, metadata: PuzzleDatase
     return data
 
 
+def load_datasets(paths: Sequence[Path], split: str) -> tuple[PuzzleDatasetMetadata, dict, list[int]]:
+    """Load one split of several datasets as one: their sets side by side, puzzle identifiers kept unique.
+
+    The sets of dataset i > 0 are named ``<set><i>``, as TRM's loader names them. Unlike TRM, which
+    sums the identifier counts but leaves the identifiers as they are (so puzzle 5 of two datasets
+    shares one embedding row), dataset i's identifiers are shifted by the identifier counts of the
+    datasets before it; the blank identifier stays dataset 0's.
+
+    Returns:
+        ``(metadata, {set_name: arrays}, identifier offsets per dataset)``; for one dataset its own metadata.
+
+    Raises:
+        DatasetError: as :func:`load_metadata` / :func:`load_arrays`, or the datasets disagree on
+            ``seq_len``, ``vocab_size``, ``pad_id``, ``ignore_label_id`` or ``blank_identifier_id``.
+    """
+    metas = [load_metadata(p, split) for p in paths]
+    data, offsets, offset = {}, [], 0
+    for i, (path, meta) in enumerate(zip(paths, metas)):
+        for name in ("seq_len", "vocab_size", "pad_id", "ignore_label_id", "blank_identifier_id"):
+            if getattr(meta, name) != getattr(metas[0], name):
+                raise DatasetError(f"data_paths {paths[0]} and {path} disagree on {name} ({getattr(metas[0], name)} vs "
+                                   f"{getattr(meta, name)}); datasets trained together need one token format")
+        for set_name, arrays in load_arrays(path, split, meta).items():
+            if offset:
+                arrays["puzzle_identifiers"] = arrays["puzzle_identifiers"] + offset
+            data[set_name if i == 0 else f"{set_name}{i}"] = arrays
+        offsets.append(offset)
+        offset += meta.num_puzzle_identifiers
+    if len(metas) == 1:
+        return metas[0], data, offsets
+    puzzles = sum(len(d["puzzle_identifiers"]) for d in data.values())
+    examples = sum(len(d["inputs"]) for d in data.values())
+    merged = dataclasses.replace(metas[0], num_puzzle_identifiers=offset, total_groups=sum(m.total_groups for m in metas),
+                                 mean_puzzle_examples=examples / max(1, puzzles), sets=list(data))
+    return merged, data, offsets
+
+
 class PuzzleDataset:
     """Batches of a puzzle dataset, in the reference sampling order, resumable.
 
@@ -222,25 +258,31 @@ class PuzzleDataset:
     ``state_dict()`` records the next batch (iteration, batch index); it is exact when batches
     are consumed in this process (not through DataLoader workers, which would run ahead).
 
+    ``data_paths`` is one dataset directory or several, loaded as one (see :func:`load_datasets`).
+
     Raises:
         DatasetError: bad arguments, a bad dataset (see load_metadata/load_arrays), or a train
             split too small to fill one global batch.
     """
 
-    def __init__(self, data_path: str | os.PathLike, split: str, global_batch_size: int, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, epochs_per_iter: int = 1, test_set_mode: bool | None = None):
+    def __init__(self, data_paths: str | os.PathLike | Sequence[str | os.PathLike], split: str, global_batch_size: int,
+                 seed: int = 0, rank: int = 0, world_size: int = 1, epochs_per_iter: int = 1,
+                 test_set_mode: bool | None = None):
         if world_size < 1 or not 0 <= rank < world_size:
             raise DatasetError(f"rank must be in [0, world_size={world_size}), got rank={rank}")
         if global_batch_size < 1 or global_batch_size % world_size:
             raise DatasetError(f"global_batch_size {global_batch_size} must be a positive multiple of world_size {world_size}")
         if seed < 0 or epochs_per_iter < 1:
             raise DatasetError(f"seed must be >= 0 and epochs_per_iter >= 1, got seed={seed}, epochs_per_iter={epochs_per_iter}")
-        self.data_path, self.split = Path(data_path), split
+        paths = [Path(data_paths)] if isinstance(data_paths, (str, os.PathLike)) else [Path(p) for p in data_paths]
+        if not paths:
+            raise DatasetError("no dataset given: set data_path (one dataset) or data_paths (several)")
+        data_path = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+        self.data_paths, self.split = paths, split
         self.global_batch_size, self.local_batch_size = global_batch_size, global_batch_size // world_size
         self.seed, self.rank, self.world_size, self.epochs_per_iter = seed, rank, world_size, epochs_per_iter
         self.test_set_mode = split != "train" if test_set_mode is None else test_set_mode
-        self.metadata = load_metadata(data_path, split)
-        self._data = load_arrays(data_path, split, self.metadata)
+        self.metadata, self._data, self.identifier_offsets = load_datasets(paths, split)
         self.num_examples = sum(len(d["inputs"]) for d in self._data.values())
         self._iteration, self._batch = 0, 0
         self._plan_cache: tuple[int, tuple] | None = None

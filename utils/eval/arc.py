@@ -70,7 +70,7 @@ def rank_answers(votes: dict[bytes, list[float]]) -> list[tuple[bytes, int, floa
     return sorted(stats, key=lambda s: (s[1], s[2]), reverse=True)
 
 
-def _write_json(path: Path, obj) -> None:
+def write_json(path: Path, obj) -> None:
     """Write JSON atomically (temporary file, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -248,7 +248,7 @@ class ARC:
             log.warning("ARC: %d rows on rank 0 belong to no task of test_puzzles.json (ignored)", self._unmatched)
         metrics, submission = self.score(gathered)
         if save_path is not None:
-            _write_json(Path(save_path) / "submission.json", submission)
+            write_json(Path(save_path) / "submission.json", submission)
         return metrics
 
 
@@ -279,7 +279,7 @@ def score_outputs(files, data_path: str | os.PathLike, submission_path: str | os
         evaluator.update_batch(part, part)
     metrics, submission = evaluator.score()
     if submission_path is not None:
-        _write_json(Path(submission_path), submission)
+        write_json(Path(submission_path), submission)
     if report_path is not None:
-        _write_json(Path(report_path), {key.split("/", 1)[1]: value for key, value in metrics.items()})
+        write_json(Path(report_path), {key.split("/", 1)[1]: value for key, value in metrics.items()})
     return metrics

@@ -43,7 +43,7 @@ def outputs_filename(step: int, rank: int) -> str:
 class OutputsCollector:
     """Collects the reference's saved outputs over one evaluation and writes this rank's file.
 
-    Usage: ``update(batch, preds)`` per test batch (CPU or device tensors, padding rows included),
+    Usage: ``update_batch(batch, preds)`` per test batch (CPU or device tensors, padding rows included),
     then ``save(directory, step, rank)``.
     """
 
@@ -51,7 +51,7 @@ class OutputsCollector:
         self.keys = tuple(keys)
         self._parts: dict[str, list[torch.Tensor]] = {}
 
-    def update(self, batch: dict[str, torch.Tensor], preds: dict[str, torch.Tensor]) -> None:
+    def update_batch(self, batch: dict[str, torch.Tensor], preds: dict[str, torch.Tensor]) -> None:
         """Keep this batch's tensors for the wanted keys (``batch`` before ``preds``, as the reference)."""
         for collection in (batch, preds):
             for key, value in collection.items():
@@ -70,7 +70,7 @@ class OutputsCollector:
         rows = {key: len(value) for key, value in outputs.items()}
         if len(set(rows.values())) > 1:
             raise OutputsError(f"collected outputs disagree on the number of rows: {rows}; "
-                               "update() must get the same rows for every key")
+                               "update_batch() must get the same rows for every key")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / outputs_filename(step, rank)

@@ -2,12 +2,14 @@
 
 Every test batch runs for exactly ``halt_max_steps`` ACT segments, as in the reference
 (``sapientinc/HRM`` pretrain.py ``evaluate``); metrics are summed over real (non-padding) examples
-on every rank, reduced onto rank 0 and divided by their count.
+on every rank, reduced onto rank 0 and divided by their count. Consumers (the ARC evaluator, the
+saved-outputs collector, the pictures) see every finished batch through the reference's seam,
+``update_batch(batch, preds)``, so the loop knows nothing about what they do.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,12 +34,17 @@ def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[s
 
 @torch.no_grad()
 def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDataset, device: torch.device, rank: Dist,
-                     max_examples: Optional[int] = None, progress: bool = True) -> dict[str, float]:
+                     max_examples: Optional[int] = None, progress: bool = True,
+                     consumers: Sequence = ()) -> dict[str, float]:
     """Run every test batch to ``halt_max_steps`` segments; return metrics averaged per example (rank 0).
 
     Args:
         forward: the (possibly compiled) loss head to call; ``head`` is the module it wraps.
         max_examples: stop after about this many examples (whole batches); None for the whole split.
+        consumers: objects with ``update_batch(batch, preds)``, called with this rank's CPU tensors of each
+            finished batch (padding rows included): ``batch`` holds ``inputs``, ``labels``,
+            ``puzzle_identifiers``; ``preds`` holds ``preds`` (argmax tokens, int64 [B, S]) and
+            ``q_halt_logits`` (fp32 [B]).
 
     Returns:
         ``{metric: value}`` with ``accuracy``, ``exact_accuracy``, ``blank_accuracy``, ``q_halt_accuracy``,
@@ -52,9 +59,14 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
         batch = {k: v.to(device) for k, v in batch.items()}
         carry = head.initial_carry(batch)
         while True:
-            carry, _, metrics, _, all_halted = forward(carry, batch)
+            carry, _, metrics, outputs, all_halted = forward(carry, batch)
             if all_halted:
                 break
+        if consumers:
+            preds = {"preds": outputs["logits"].argmax(-1).cpu(), "q_halt_logits": outputs["q_halt_logits"].float().cpu()}
+            cpu_batch = {k: v.cpu() for k, v in batch.items()}
+            for consumer in consumers:
+                consumer.update_batch(cpu_batch, preds)
         for k, v in metrics.items():
             sums[k] = sums.get(k, 0) + v.to(torch.float64)
         seen += effective

@@ -178,32 +178,36 @@ class RunDirectory:
         """This run's step checkpoints that still exist, oldest first."""
         return [self.path / name for name in self.manifest["checkpoints"] if (self.path / name).is_file()]
 
-    def target(self, name: str) -> Path:
-        """The path a new checkpoint ``name`` will take.
+    def claim_checkpoint(self, name: str) -> Path:
+        """Record that this run is about to write checkpoint ``name`` and return its path.
+
+        The record comes first: a run killed between the write and the record would otherwise leave a
+        checkpoint it does not know as its own (and would refuse to overwrite it).
 
         Raises:
             CheckpointWriteError: a file of that name exists and this run did not write it.
         """
         path = self.path / name
-        ours = set(self.manifest["checkpoints"]) | {self.manifest.get("best")}
-        if path.exists() and name not in ours:
+        if path.exists() and name not in self.manifest["checkpoints"]:
             raise CheckpointWriteError(f"{path} exists and was not written by this run; move it away, then resume")
+        self.manifest["checkpoints"] = [n for n in self.manifest["checkpoints"] if n != name] + [name]
+        self.save_manifest()
         return path
 
-    def record(self, path: Path, keep_last: int) -> list[Path]:
-        """Note that ``path`` was written, delete this run's checkpoints beyond the newest ``keep_last``
-        (``keep_last <= 0`` keeps all) and return the deleted paths."""
-        names = [n for n in self.manifest["checkpoints"] if n != path.name] + [path.name]
-        doomed = names[:-keep_last] if keep_last > 0 else []
-        self.manifest["checkpoints"] = names[len(doomed):]
+    def prune(self, keep_last: int) -> list[Path]:
+        """Delete this run's checkpoints beyond the newest ``keep_last`` (``keep_last <= 0`` keeps all) and
+        return the deleted paths; ``best`` is never pruned."""
+        names = self.manifest["checkpoints"]
+        doomed = [n for n in (names[:-keep_last] if keep_last > 0 else []) if n != self.manifest.get("best")]
+        self.manifest["checkpoints"] = [n for n in names if n not in doomed]
         self.save_manifest()
         for name in doomed:
             (self.path / name).unlink(missing_ok=True)
         return [self.path / n for n in doomed]
 
-    def record_best(self, path: Path) -> None:
-        """Note that the best-so-far checkpoint (e.g. ``best.pt``) is ``path``."""
-        self.manifest["best"] = path.name
+    def mark_best(self, name: str) -> None:
+        """Note that checkpoint ``name`` (claimed with :meth:`claim_checkpoint`) is the best so far."""
+        self.manifest["best"] = name
         self.save_manifest()
 
     def newest_valid(self) -> tuple[Path, Any] | None:

@@ -433,3 +433,27 @@ def write_gallery(data_path: str | os.PathLike, out_dir: str | os.PathLike, spli
     index = out_dir / "index.html"
     index.write_text(page, encoding="utf-8")
     return index
+
+
+class EvalPictures:
+    """A few test examples with the model's answers, drawn at each evaluation (the trainer sends them to
+    TensorBoard). Padding rows (every label ignored) are skipped.
+
+    Use as an evaluation consumer: ``update_batch(batch, preds)`` per test batch, then :meth:`images`.
+    """
+
+    def __init__(self, task: str, count: int = 4):
+        self.task, self.count = task, count
+        self.rows: list[tuple] = []
+
+    def update_batch(self, batch: dict, preds: dict) -> None:
+        """Keep the first ``count`` real rows: ``batch`` ``inputs``/``labels`` [B, S], ``preds["preds"]`` [B, S]."""
+        for inputs, labels, pred in zip(batch["inputs"], batch["labels"], preds["preds"]):
+            if len(self.rows) >= self.count:
+                return
+            if (_array(labels) != IGNORE_LABEL_ID).any():
+                self.rows.append((inputs, labels, pred))
+
+    def images(self) -> dict[str, Image.Image]:
+        """``{"eval/example_<i>": picture}`` of the kept rows."""
+        return {f"eval/example_{i}": render_example(self.task, *row) for i, row in enumerate(self.rows)}
