@@ -28,7 +28,7 @@ CUDA0 = torch.device("cuda", 0)
 
 def reference_step(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int,
                    lr: float, betas: tuple[float, float], weight_decay: float):
-    """One AdamATan2 step by the formula of REFERENCE.md section 3, the native package's test protocol.
+    """One AdamATan2 step by the formula of docs/REFERENCE.md, AdamATan2, the native package's test protocol.
 
     The math runs in fp32 (fp64 for fp64 tensors); the new ``p, m, v`` are returned rounded to
     ``p``'s dtype. ``t`` is the 1-based step count.

@@ -1,7 +1,7 @@
 """Building blocks shared by HRM and TRM: casted layers, RoPE, attention, SwiGLU, RMSNorm, the post-norm
 reasoning block (attention or TRM's sequence-axis MLP), and the puzzle-prefixed input embedding.
 
-Parameter names, shapes and initialisation follow the reference HRM (REFERENCE.md §1) so
+Parameter names, shapes and initialisation follow the reference HRM (docs/REFERENCE.md, HRM) so
 that its checkpoints load unchanged. Weights are stored in fp32 and cast to the
 activation dtype in ``forward`` ("casted" layers): the optimizer always sees fp32
 master weights while the matmuls run in bf16 where the hardware is fast at it.

@@ -1,6 +1,6 @@
 """Losses for the recursive reasoning models: stablemax/softmax cross-entropy and the ACT loss head.
 
-Formulas follow the reference HRM (REFERENCE.md §1). Stablemax is from Prieto et al.,
+Formulas follow the reference HRM (docs/REFERENCE.md, HRM). Stablemax is from Prieto et al.,
 "Grokking at the Edge of Numerical Stability" (arXiv 2501.04697).
 """
 

@@ -4,7 +4,7 @@ Each puzzle identifier owns one row of an fp32 table. The table is a buffer, not
 parameter: in training only the rows of the current batch are copied into a small
 ``local_weights`` leaf that receives gradients, so memory and optimizer cost do not grow
 with the number of puzzles (ARC has about 1M identifiers). The reference HRM
-(REFERENCE.md §1) does the same; buffer names match its state dict.
+(docs/REFERENCE.md, HRM) does the same; buffer names match its state dict.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class SparseEmbeddingSignSGD(torch.optim.Optimizer):
     """Sign-SGD with decoupled weight decay for :class:`CastedSparseEmbedding` tables.
 
     For every id touched in the (global) batch, its row gradients are summed, then
-    ``w <- w * (1 - lr * weight_decay) - lr * sign(g)`` (REFERENCE.md §1). Under
+    ``w <- w * (1 - lr * weight_decay) - lr * sign(g)`` (docs/REFERENCE.md, HRM). Under
     ``torch.distributed`` the row gradients and ids are all-gathered first, so every rank
     applies the same update to its copy of the table.
 

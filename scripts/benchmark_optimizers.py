@@ -32,7 +32,7 @@ LR, BETAS, WEIGHT_DECAY = 1e-4, (0.9, 0.95), 0.1  # HRM's cfg_pretrain
 
 
 def hrm_shapes(hidden: int = 512, layers_per_level: int = 4, vocab: int = 11) -> list[tuple[int, ...]]:
-    """Parameter shapes of HRM hrm_v1 (REFERENCE.md section 1): 4 H + 4 L blocks, embeddings, heads."""
+    """Parameter shapes of HRM hrm_v1 (docs/REFERENCE.md, HRM): 4 H + 4 L blocks, embeddings, heads."""
     inter = -(-round(4 * hidden * 2 / 3) // 256) * 256  # SwiGLU width rounded up to a multiple of 256: 1536
     block = [(3 * hidden, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter)]  # qkv, o, gate_up, down
     return block * (2 * layers_per_level) + [(vocab, hidden), (vocab, hidden), (2, hidden), (2,)]

@@ -1,6 +1,6 @@
 """AdamATan2 numerics, state and edge cases (utils/optimizer_utils.py).
 
-Parity follows the native adam-atan2 package's own test (REFERENCE.md section 3): params
+Parity follows the native adam-atan2 package's own test (docs/REFERENCE.md, AdamATan2): params
 ~ N(0, 0.02^2), grads ~ N(0, 0.001^2), weight_decay 0.1, betas (0.9, 0.95), 100 steps, against
 an fp32 (fp64) re-computation rounded to the param dtype each step, with absolute tolerances.
 Backend selection is checked in test_optimizer_fallback.py (also collected by pytest).

@@ -2,7 +2,7 @@
 
 AdamATan2 (Everett et al., "Scaling Exponents Across Parameterizations and Optimizers",
 arXiv 2407.05872) is Adam with the epsilon division replaced by ``atan2``. This module follows
-the CUDA package ``adam-atan2`` 0.0.3 that HRM imports (REFERENCE.md section 3). Per step
+the CUDA package ``adam-atan2`` 0.0.3 that HRM imports (docs/REFERENCE.md, AdamATan2). Per step
 ``t = 1, 2, ...``, for each parameter ``p`` with gradient ``g``::
 
     p <- p * (1 - lr * weight_decay)                           # decoupled decay, first
