@@ -22,6 +22,7 @@ import torch
 
 from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1
 from models.layers import attention_backend
+from models import losses
 from models.losses import ACTLossHead, stablemax_cross_entropy, stablemax_dtype
 from models.sparse_embedding import SparseEmbeddingSignSGD
 from utils import device as device_mod
@@ -105,15 +106,15 @@ def test_precision_and_compile_policy_on_mps():
 
 def test_stablemax_runs_without_float64_on_mps():
     assert stablemax_dtype(torch.device("mps")) == torch.float32
-    # The fp32 path MPS takes, checked against the float64 reference on the same logits.
     logits = torch.randn(4, 81, 11) * 30
     labels = torch.randint(0, 11, (4, 81))
-    fp32 = -torch.gather(torch.log(_s(logits) / _s(logits).sum(-1, keepdim=True)), -1, labels.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(fp32.double(), stablemax_cross_entropy(logits, labels), rtol=1e-5, atol=1e-5)
-
-
-def _s(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x < 0, 1 / (1 - x), x + 1)
+    reference = stablemax_cross_entropy(logits, labels)  # on the CPU: float64, as the reference computes it
+    assert reference.dtype == torch.float64
+    # The path MPS takes (no float64 there): the same function with the fp32 computation dtype.
+    with mock.patch.object(losses, "stablemax_dtype", lambda device: torch.float32):
+        mps_path = stablemax_cross_entropy(logits, labels)
+    assert mps_path.dtype == torch.float32
+    torch.testing.assert_close(mps_path.double(), reference, rtol=1e-5, atol=1e-5)
 
 
 def test_optimizer_on_mps_is_exact_pure_pytorch_adam_atan2():

@@ -184,7 +184,20 @@ def test_explicit_torch_and_adamw():
 
 def test_fallback_alias_is_the_exact_algorithm():
     assert ou.AdamATan2Fallback is ou.AdamATan2
-    assert not issubclass(ou.AdamATan2, (torch.optim.AdamW, torch.optim.Adam))
+    # Three steps of the seeds' name against the AdamATan2 formula, and against what AdamW would do instead.
+    gen = torch.Generator().manual_seed(3)
+    start, grads = torch.randn(64, generator=gen), [torch.randn(64, generator=gen) * 1e-3 for _ in range(3)]
+    fallback, adamw = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    opts = [ou.AdamATan2Fallback([fallback], lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1),
+            torch.optim.AdamW([adamw], lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)]
+    p, m, v = start.clone(), torch.zeros(64), torch.zeros(64)
+    for t, g in enumerate(grads, 1):
+        for param, opt in zip((fallback, adamw), opts):
+            param.grad = g.clone()
+            opt.step()
+        p, m, v = reference_step(p, g, m, v, t, 1e-3, (0.9, 0.95), 0.1)
+    assert (fallback.detach() - p).abs().max() <= 1e-6  # the native package's fp32 tolerance
+    assert (adamw.detach() - p).abs().max() > 1e-5  # AdamW's epsilon division is another rule
 
 
 def test_optimizer_info_explains_the_choice():
