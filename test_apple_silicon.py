@@ -11,6 +11,7 @@ only exercised on a Mac.
 
 import utils  # noqa: F401  (must come before torch: sets PYTORCH_ENABLE_MPS_FALLBACK)
 
+import functools
 import os
 import platform
 import subprocess
@@ -33,9 +34,12 @@ HAS_MPS = torch.backends.mps.is_available()
 
 @contextmanager
 def simulated_mac(macos: str = "14.5", mps: bool = True):
-    """Pretend to be an arm64 Mac with (or without) a working MPS backend and no CUDA."""
-    with mock.patch.object(torch.backends.mps, "is_available", return_value=mps), \
-            mock.patch.object(torch.backends.mps, "is_built", return_value=True), \
+    """Pretend to be an arm64 Mac with (or without) a working MPS backend and no CUDA.
+
+    The MPS stand-ins keep ``__wrapped__`` (torch._dynamo reads it from ``is_available`` when it is first imported).
+    """
+    with mock.patch.object(torch.backends.mps, "is_available", functools.wraps(torch.backends.mps.is_available)(lambda: mps)), \
+            mock.patch.object(torch.backends.mps, "is_built", functools.wraps(torch.backends.mps.is_built)(lambda: True)), \
             mock.patch.object(torch.cuda, "is_available", return_value=False), \
             mock.patch.object(platform, "system", return_value="Darwin"), \
             mock.patch.object(platform, "machine", return_value="arm64"), \
