@@ -338,9 +338,7 @@ def test_memory_tracker_cpu_sees_a_64_mib_tensor():
     # A fresh interpreter: in a long test session the allocator may hand back memory that is already resident.
     code = textwrap.dedent("""
         import torch
-        import utils.device as device_mod
-import utils.hardware_optimizer as ho
-from utils.config import ConfigError
+        import utils.hardware_optimizer as ho
         tracker = ho.MemoryTracker("cpu")
         base = tracker.current
         x = torch.ones(16 * 2**20)  # 64 MiB of float32, written, so resident
