@@ -1,30 +1,84 @@
-"""PCK@0.2 (utils/eval/pck.py) against hand-computed cases."""
+"""PCK@0.2 (utils/eval/pck.py): hand-computed cases and an independent re-implementation of mmpose 0.28.1's rule."""
 
 import numpy as np
 import pytest
 import torch
 
-from utils.eval.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask, pck_per_query
+from utils.eval.pck import (PCKAccumulator, PCKError, copy_support_baseline, crop_to_original, evaluation_mask,
+                            keypoint_pck)
 
 
-def test_pck_threshold_is_strict_and_normalised_by_bbox_size():
-    gt = torch.zeros(1, 4, 2)
-    # bbox size 100 -> threshold 20 px: distances 0, 19.9, 20 (not < 20), 30 (3-4-5 triangle)
-    pred = torch.tensor([[[0.0, 0.0], [19.9, 0.0], [0.0, 20.0], [18.0, 24.0]]])
-    pck, counted = pck_per_query(pred, gt, torch.tensor([100.0]), torch.ones(1, 4, dtype=torch.bool))
-    assert counted.tolist() == [4]
-    assert pck.item() == pytest.approx(2 / 4)
-    # the same errors under a bbox of 200 px (threshold 40) are all correct
-    pck, _ = pck_per_query(pred, gt, torch.tensor([200.0]), torch.ones(1, 4, dtype=torch.bool))
-    assert pck.item() == 1.0
+def one_query(pred, gt, normaliser, mask=None):
+    pred, gt = np.asarray(pred, np.float64)[None], np.asarray(gt, np.float64)[None]
+    mask = np.ones(pred.shape[:2], bool) if mask is None else np.asarray(mask)[None]
+    return float(keypoint_pck(pred, gt, mask, [normaliser])[0])
 
 
-def test_pck_counts_only_masked_keypoints():
-    gt = torch.zeros(1, 3, 2)
-    pred = torch.tensor([[[1.0, 0.0], [50.0, 0.0], [50.0, 0.0]]])
-    mask = torch.tensor([[True, True, False]])  # the third miss is not counted
-    pck, counted = pck_per_query(pred, gt, torch.tensor([100.0]), mask)
-    assert counted.item() == 2 and pck.item() == pytest.approx(0.5)
+def test_threshold_is_strict_and_normalised_by_the_normaliser():
+    gt = np.zeros((4, 2))
+    # normaliser 100 -> threshold 20 px: distances 0, 19.9, 20 (not < 20), 30 (3-4-5 triangle)
+    pred = [[0.0, 0.0], [19.9, 0.0], [0.0, 20.0], [18.0, 24.0]]
+    assert one_query(pred, gt, 100.0) == 2 / 4
+    assert one_query(pred, gt, 200.0) == 1.0  # the same errors under a 200 px box (threshold 40) are all correct
+    assert one_query(pred, gt, 100.0, mask=[True, True, False, False]) == 1.0  # uncounted misses do not count
+
+
+def test_distance_is_rounded_to_float32_before_the_threshold():
+    """mmpose stores distances in a float32 array: 0.199999999 becomes float32(0.2), which is not < 0.2."""
+    assert np.float32(0.199999999) == np.float32(0.2) and np.float32(0.19999999) < np.float32(0.2)
+    assert one_query([[19.9999999, 0.0]], [[0.0, 0.0]], 100.0) == 0.0  # a float64 rule would say correct
+    assert one_query([[19.999999, 0.0]], [[0.0, 0.0]], 100.0) == 1.0
+
+
+def test_ground_truth_is_float32_as_the_reference_stores_it():
+    # float32(19.9999995) is 20.0, so the error is exactly 0.2 of the box: wrong. In float64 it would be
+    # 0.199999995, whose float32 is 0.19999999 < 0.2: correct.
+    assert np.float32(19.9999995) == 20.0 and np.float32(0.199999995) < np.float32(0.2)
+    assert one_query([[0.0, 0.0]], [[19.9999995, 0.0]], 100.0) == 0.0
+
+
+def test_empty_query_scores_zero_and_normaliser_guards():
+    assert one_query([[5.0, 5.0]], [[0.0, 0.0]], 100.0, mask=[False]) == 0.0
+    assert one_query([[5.0, 5.0]], [[0.0, 0.0]], 0.0) == 0.0  # a zero normaliser counts nothing (mmpose)
+    assert one_query([[5000.0, 0.0]], [[0.0, 0.0]], -1.0) == 1.0  # a negative one becomes 1e6 (mmpose)
+
+
+def mmpose_pck(pred, gt, mask, normaliser, thr=0.2):
+    """mmpose 0.28.1 keypoint_pck_accuracy on one query (N=1), rewritten from its documented steps."""
+    norm = np.array([[normaliser, normaliser]], np.float64)
+    m = mask[None].copy()
+    if (norm == 0).any():
+        m[:] = False
+    norm[norm <= 0] = 1e6
+    dist = np.full(m.shape, -1, np.float32)
+    diff = (pred[None].astype(np.float64) - gt[None].astype(np.float32)) / norm[:, None, :]
+    dist[m] = np.sqrt((diff ** 2).sum(-1))[m]
+    acc = []
+    for d in dist.T:  # per keypoint
+        valid = d != -1
+        acc.append((d[valid] < thr).sum() / valid.sum() if valid.sum() else -1)
+    acc = np.array(acc, np.float64)
+    return acc[acc >= 0].mean() if (acc >= 0).any() else 0
+
+
+def test_matches_an_independent_mmpose_re_implementation_near_the_threshold():
+    rng = np.random.default_rng(0)
+    q, n = 300, 7
+    gt = rng.uniform(0, 400, (q, n, 2)).astype(np.float32)
+    norm = rng.uniform(10, 300, q)
+    norm[:3] = (0.0, -5.0, 1e-3)
+    angle = rng.uniform(0, 2 * np.pi, (q, n))
+    # distances within 1e-12 .. 1e-6 of the threshold, on both sides: where float32 rounding decides
+    frac = 0.2 + rng.choice([-1, 1], (q, n)) * 10.0 ** rng.uniform(-12, -6, (q, n))
+    pred = gt + np.stack([np.cos(angle), np.sin(angle)], -1) * (frac * norm[:, None])[..., None]
+    mask = rng.random((q, n)) < 0.8
+    mask[3:6] = False
+    ours = keypoint_pck(pred, gt, mask, norm)
+    ref = np.array([mmpose_pck(pred[i], gt[i], mask[i], norm[i]) for i in range(q)])
+    np.testing.assert_array_equal(ours, ref)
+    dist, m = np.linalg.norm(pred[6:] - gt[6:], axis=-1) / norm[6:, None], mask[6:]  # rows without guards or empties
+    naive = ((dist < 0.2) & m).sum(1) / m.sum(1)
+    assert (naive != ref[6:]).sum() > 50  # the data does hit the cases a float64 rule gets wrong
 
 
 def test_evaluation_mask_needs_visibility_in_query_and_every_support():
@@ -37,25 +91,25 @@ def test_evaluation_mask_needs_visibility_in_query_and_every_support():
     assert mask.tolist() == [[[True, False, False, False, False]]]
 
 
-def test_accumulator_averages_over_queries_and_skips_empty_ones():
+def test_accumulator_averages_over_queries_and_counts_empty_ones_as_zero():
     gt = torch.zeros(1, 3, 2, 2)
     pred = torch.tensor([[[[0.0, 0.0], [90.0, 0.0]],      # query A: 1 of 2 correct
                           [[1.0, 1.0], [2.0, 2.0]],       # query B: 2 of 2 correct
-                          [[99.0, 0.0], [99.0, 0.0]]]])   # query C: nothing counted
+                          [[99.0, 0.0], [99.0, 0.0]]]])   # query C: nothing counted, scores 0
     mask = torch.tensor([[[True, True], [True, True], [False, False]]])
     acc = PCKAccumulator(0.2)
     acc.update(pred, gt, torch.full((1, 3), 100.0), mask)
-    assert acc.queries == 2
-    assert acc.value() == pytest.approx(75.0)  # mean of 50% and 100%, not a pooled 3/4 over keypoints
+    assert acc.queries == 3
+    assert acc.value() == pytest.approx(100 * (0.5 + 1.0 + 0.0) / 3)  # mean of queries, not pooled keypoints
     acc.update(pred[:, :1], gt[:, :1], torch.full((1, 1), 100.0), mask[:, :1])
-    assert acc.value() == pytest.approx(100 * (0.5 + 1.0 + 0.5) / 3)
+    assert acc.value() == pytest.approx(100 * 2.0 / 4)
 
 
-def test_pck_rejects_bad_input():
-    with pytest.raises(ValueError, match="shapes disagree"):
-        pck_per_query(torch.zeros(2, 3, 2), torch.zeros(2, 4, 2), torch.ones(2), torch.ones(2, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="bbox size <= 0"):
-        pck_per_query(torch.zeros(1, 2, 2), torch.zeros(1, 2, 2), torch.zeros(1), torch.ones(1, 2, dtype=torch.bool))
+def test_pck_rejects_bad_shapes():
+    with pytest.raises(PCKError, match="shapes disagree"):
+        keypoint_pck(np.zeros((2, 3, 2)), np.zeros((2, 4, 2)), np.ones((2, 3), bool), np.ones(2))
+    with pytest.raises(PCKError, match="shapes disagree"):
+        keypoint_pck(np.zeros((2, 3, 2)), np.zeros((2, 3, 2)), np.ones((2, 3), bool), np.ones(3))
 
 
 def test_crop_to_original_matches_float64_affine():

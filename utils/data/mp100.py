@@ -1,23 +1,47 @@
-"""MP-100 (Xu et al., "Pose for Everything", arXiv 2207.10387) loading and episode sampling for CAPE.
+"""MP-100 (Xu et al., "Pose for Everything", arXiv 2207.10387): loading, category report, crops and episodes.
 
-On disk (the real dataset and ``scripts/build_synthetic_cape_dataset.py`` share it)::
+On disk (the real dataset and ``utils/data/synthetic_cape.py`` share it)::
 
     <data_root>/annotations/mp100_split{1..5}_{train,val,test}.json   COCO keypoint JSON
     <data_root>/images/<file_name>                                    ``file_name`` as in the JSON
 
-Coordinates. Ground truth is kept twice: in **original image pixels** (PCK is measured there)
-and in **normalised crop coordinates**: a crop is the instance's bbox, squared and enlarged by
-``margin``, warped to ``image_size`` x ``image_size``; a point at crop pixel (x, y) has
-normalised coordinates (x / image_size, y / image_size), so [0, 1] spans the crop edge to edge
-and pixel i covers [i, i + 1) (its centre is i + 0.5). ``crop_to_orig`` [2, 3] maps crop
-pixels back to original pixels. A keypoint is visible when its COCO flag v > 0, as in MP-100.
+Which annotations become instances, and in which order, is the reference's rule, because the
+evaluation episodes are drawn by position in these lists (see ``utils/eval/pck.py``). It is
+CapeFormer's ``TestPoseDataset._load_coco_keypoint_annotation_kernel`` (flyinglynx/CapeFormer,
+``capeformer/datasets/datasets/mp100/test_dataset.py``; Pose Anything's copy is the same):
+images in file order (xtcocotools ``COCO.getImgIds``), each image's annotations in file order
+(``getAnnIds(imgIds=..., iscrowd=False)``; a missing ``iscrowd`` counts as 0), and an annotation
+is dropped, by the first rule that applies, when
+
+1. ``iscrowd`` is not 0;
+2. its clipped box is empty or its ``area`` is present and not > 0 (see :func:`clean_bbox`);
+3. ``max(keypoints) == 0`` (every value of the flat list is 0);
+4. ``num_keypoints`` is present and 0.
+
+CapeFormer's validation set (``TransformerPoseDataset``, same file layout) also drops annotations whose
+image file does not exist; ``missing_images="drop"`` reproduces that. The reference silently skips an
+annotation without ``bbox`` or ``keypoints``; here that is a format error (no official file has one).
+
+Categories. The keypoint count comes from the annotations (``len(keypoints) / 3``, equal for every
+annotation of a category), because some categories have an empty keypoint-name list (both named ``face``:
+id 18 holds 19-keypoint Amur tiger bodies, id 40 68-keypoint human faces). Skeletons are 1-based in most categories,
+0-based in the CarFusion ones (car, bus, suv) and empty in many; the base is detected per category
+and the skeleton is stored 0-based.
+
+Coordinates. Ground truth is kept twice: in **original image pixels** (PCK is measured there) and
+in **normalised crop coordinates**: a crop is the instance's clean box, squared and enlarged by
+``margin``, warped to ``image_size`` x ``image_size``; a point at crop pixel (x, y) has normalised
+coordinates (x / image_size, y / image_size), so [0, 1] spans the crop edge to edge and pixel i
+covers [i, i + 1). ``crop_to_orig`` [2, 3] maps crop pixels back to original pixels. A keypoint is
+visible when its COCO flag v > 0 (the reference's ``np.minimum(1, v) > 0``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -25,28 +49,44 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from utils.errors import UserError
+
 SUBSETS = ("train", "val", "test")
+MISSING_IMAGES = ("error", "drop", "allow")
+DROP_REASONS = ("iscrowd", "empty bbox", "all keypoint values 0", "num_keypoints 0", "missing image")
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
+_SHOWN = 5  # how many missing images or dropped ids a message lists before the count
 
 
-class MP100FormatError(ValueError):
+class MP100FormatError(UserError):
     """An MP-100 annotation file or image folder is missing, malformed or inconsistent."""
 
 
 @dataclass(frozen=True)
 class Category:
-    """One MP-100 category. ``skeleton`` pairs are 1-indexed keypoint numbers, as stored in the JSON."""
+    """One MP-100 category.
+
+    ``num_keypoints`` comes from the annotations (the name list may be empty); ``skeleton`` holds 0-based
+    keypoint pairs; ``skeleton_base`` is how the file numbered them: 0, 1, or None for an empty skeleton.
+    """
 
     id: int
     name: str
     keypoint_names: tuple[str, ...]
+    num_keypoints: int
     skeleton: tuple[tuple[int, int], ...]
+    skeleton_base: int | None
 
 
 @dataclass(frozen=True)
 class Instance:
-    """One annotated object: ``bbox`` (x, y, w, h) and ``keypoints`` [N, 2] float32 in original pixels; ``visible`` [N] bool."""
+    """One annotated object that passed the reference's filters.
+
+    ``bbox`` is the clean box (x1, y1, w', h') of :func:`clean_bbox`, in original pixels (float);
+    ``keypoints`` [N, 2] float32 original pixels (float32 as the reference's ``joints_3d``);
+    ``visible`` [N] bool (v > 0); ``image_path`` the image file (it may not exist with ``missing_images="allow"``).
+    """
 
     ann_id: int
     category_id: int
@@ -55,14 +95,37 @@ class Instance:
     keypoints: np.ndarray
     visible: np.ndarray
 
+    @property
+    def normaliser(self) -> float:
+        """PCK's normaliser: the longer side of the clean box, max(w', h'), float64 pixels."""
+        return max(self.bbox[2], self.bbox[3])
+
 
 @dataclass
 class MP100Split:
-    """The categories and their instances from one annotation file (e.g. ``mp100_split1_train.json``)."""
+    """The categories and instances of one annotation file (e.g. ``mp100_split1_test.json``).
+
+    ``categories`` and ``instances`` are in file order (``instances[cid]`` is the reference's per-category
+    pool, in the order the evaluation episodes index it). ``dropped`` maps each reason in ``DROP_REASONS``
+    to the dropped annotation ids; ``missing_images`` lists image files of kept instances that do not exist
+    (only with ``missing_images="allow"``).
+    """
 
     path: Path
     categories: dict[int, Category]
     instances: dict[int, list[Instance]]
+    dropped: dict[str, list[int]] = field(default_factory=dict)
+    missing_images: list[Path] = field(default_factory=list)
+
+    @property
+    def split_and_subset(self) -> tuple[int | None, str | None]:
+        """(N, subset) parsed from a ``mp100_split{N}_{subset}.json`` file name, else (None, None)."""
+        m = re.fullmatch(r"mp100_split(\d+)_(train|val|test)\.json", self.path.name)
+        return (int(m[1]), m[2]) if m else (None, None)
+
+    def instance_index(self) -> dict[int, tuple[int, int]]:
+        """Annotation id -> (category id, position in ``instances[category id]``)."""
+        return {inst.ann_id: (cid, i) for cid, insts in self.instances.items() for i, inst in enumerate(insts)}
 
 
 @dataclass(frozen=True)
@@ -81,21 +144,65 @@ def annotation_path(data_root: str | Path, split: int, subset: str) -> Path:
     return Path(data_root) / "annotations" / f"mp100_split{split}_{subset}.json"
 
 
-def _require(obj: dict, keys: tuple[str, ...], where: str, path: Path) -> None:
-    missing = [k for k in keys if k not in obj]
-    if missing:
-        raise MP100FormatError(f"{path}: {where} lacks {missing}; MP-100 COCO JSON needs {list(keys)} there")
+def clean_bbox(bbox, width, height) -> tuple[float, float, float, float] | None:
+    """The reference's sanitised box, or None when it is empty (then the annotation is dropped).
 
+    ``x1 = max(0, x)``, ``x2 = min(W - 1, x1 + max(0, w - 1))``, likewise y with H; the box is
+    (x1, y1, x2 - x1, y2 - y1) when ``x2 > x1`` and ``y2 > y1``. Computed in Python numbers as the
+    reference does, so a negative width or height, or a box of width <= 1, gives None. Source: CapeFormer
+    ``TestPoseDataset._load_coco_keypoint_annotation_kernel`` (the rule of mmpose up to 0.26; mmpose 0.27+
+    uses ``max(0, w)``, but CapeFormer and Pose Anything carry their own copy with ``w - 1``).
 
-def load_split(path: str | Path, image_root: str | Path, check_images: bool = True) -> MP100Split:
-    """Read one MP-100 COCO keypoint file. Annotations with no visible keypoint or an empty bbox are dropped.
-
-    Raises:
-        MP100FormatError: the file is missing or not JSON, a required key is missing, a keypoint
-            list has the wrong length, an annotation names an unknown image or category, or
-            (with ``check_images``) image files are missing under ``image_root``.
+    Args:
+        bbox: COCO (x, y, w, h) in original pixels. width, height: the image's size from its ``images`` entry.
     """
-    path, image_root = Path(path), Path(image_root)
+    x, y, w, h = bbox
+    x1, y1 = max(0, x), max(0, y)
+    x2, y2 = min(width - 1, x1 + max(0, w - 1)), min(height - 1, y1 + max(0, h - 1))
+    if x2 > x1 and y2 > y1:
+        return float(x1), float(y1), float(x2 - x1), float(y2 - y1)
+    return None
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class _Checker:
+    """Raises one-line :class:`MP100FormatError` messages naming the file, the entry and the field."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, problem: str, fix: str = "fix or re-download the file") -> MP100FormatError:
+        return MP100FormatError(f"{self.path}: {where} {problem}; {fix}")
+
+    def entries(self, coco: dict, key: str) -> list[dict]:
+        if key not in coco:
+            raise self.fail("the top level", f"lacks {[key]}", "MP-100 COCO JSON needs 'images', 'annotations' and "
+                                                                "'categories' there")
+        if not isinstance(coco[key], list) or not all(isinstance(e, dict) for e in coco[key]):
+            raise self.fail("the top level", f"has {key!r} that is not a list of objects")
+        return coco[key]
+
+    def require(self, entry: dict, keys: tuple[str, ...], kind: str) -> None:
+        missing = [k for k in keys if k not in entry]
+        if missing:
+            raise self.fail(f"{kind} {entry.get('id', '?')}", f"lacks {missing}",
+                            f"MP-100 COCO JSON needs {list(keys)} in every {kind}")
+
+    def number(self, entry: dict, key: str, kind: str, integer: bool = False) -> None:
+        v = entry[key]
+        if not (_is_int(v) if integer else _is_number(v)):
+            raise self.fail(f"{kind} {entry.get('id', '?')}", f"has field {key!r} = {v!r}, not "
+                            f"{'an integer' if integer else 'a finite number'}")
+
+
+def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise MP100FormatError(f"annotation file {path} not found: pass --data_root pointing at an MP-100 folder "
                                "(with annotations/ and images/), or build the synthetic one with "
@@ -103,55 +210,180 @@ def load_split(path: str | Path, image_root: str | Path, check_images: bool = Tr
     try:
         with open(path, encoding="utf-8") as f:
             coco = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MP100FormatError(f"{path} is not valid JSON ({e}); re-download or rebuild it") from e
-    _require(coco, ("images", "annotations", "categories"), "the top level", path)
+    if not isinstance(coco, dict):
+        raise MP100FormatError(f"{path}: the top level is a {type(coco).__name__}, not a COCO object; re-download it")
+    return coco
+
+
+def _skeleton(check: _Checker, c: dict, n: int) -> tuple[tuple[tuple[int, int], ...], int | None]:
+    """The category's skeleton 0-based, and the base it was stored in (None when empty).
+
+    0-based when some edge uses keypoint 0, 1-based when some edge uses keypoint N; an edge outside
+    0..N, both 0 and N, or neither (the base cannot be told) is an error.
+    """
+    where = f"category {c['id']} ({c['name']!r})"
+    edges = c["skeleton"]
+    if not isinstance(edges, list) or not all(isinstance(e, list) and len(e) == 2 and all(map(_is_int, e))
+                                              for e in edges):
+        raise check.fail(where, f"has field 'skeleton' = {str(edges)[:80]}, not a list of [i, j] integer pairs")
+    if not edges:
+        return (), None
+    lo, hi = min(min(e) for e in edges), max(max(e) for e in edges)
+    if lo < 0 or hi > n or (lo == 0 and hi == n):
+        raise check.fail(where, f"has field 'skeleton' with keypoints {lo}..{hi}, which fit neither 0..{n - 1} "
+                         f"(0-based) nor 1..{n} (1-based) for its {n} keypoints")
+    if lo > 0 and hi < n:
+        raise check.fail(where, f"has field 'skeleton' using keypoints {lo}..{hi} only, so whether it counts from "
+                         f"0 or 1 (of {n} keypoints) cannot be told", "renumber it so that it names keypoint 0 "
+                                                                      "(0-based) or keypoint N (1-based)")
+    base = 0 if lo == 0 else 1
+    return tuple((i - base, j - base) for i, j in edges), base
+
+
+def _drop_reason(a: dict, width, height) -> str | None:
+    """The first of the reference's rules that drops annotation ``a`` (see the module docstring), else None."""
+    if a.get("iscrowd", 0) != 0:
+        return "iscrowd"
+    if ("area" in a and not a["area"] > 0) or clean_bbox(a["bbox"], width, height) is None:
+        return "empty bbox"
+    if max(a["keypoints"]) == 0:
+        return "all keypoint values 0"
+    if a.get("num_keypoints") == 0:
+        return "num_keypoints 0"
+    return None
+
+
+def _listed(items: list, shown: int = _SHOWN) -> str:
+    head = ", ".join(str(i) for i in items[:shown])
+    return head + (f", ... ({len(items)} in all)" if len(items) > shown else "")
+
+
+def load_split(path: str | Path, image_root: str | Path, missing_images: str = "error") -> MP100Split:
+    """Read one MP-100 COCO keypoint file with the reference's instance rules (see the module docstring).
+
+    Args:
+        path: the annotation JSON. image_root: the folder ``file_name`` is relative to.
+        missing_images: what to do when a kept instance's image file does not exist: ``"error"`` (training
+            and evaluation need every image), ``"drop"`` (leave the instance out, as CapeFormer's validation
+            dataset does) or ``"allow"`` (keep it and list the file in ``missing_images``; for reports and
+            annotation-only work).
+
+    Raises:
+        MP100FormatError: the file is missing or not JSON; an entry lacks a required field or has a field of
+            the wrong type or length (the message names the file, the entry id and the field); ids repeat;
+            an annotation names an unknown image or category; a category's annotations disagree on the
+            keypoint count or disagree with its non-empty name list; a skeleton's base cannot be told; or, with
+            ``missing_images="error"``, image files are missing (the first few are listed, with the count).
+        ValueError: ``missing_images`` is not one of ``MISSING_IMAGES``.
+    """
+    if missing_images not in MISSING_IMAGES:
+        raise ValueError(f"missing_images={missing_images!r}: use one of {MISSING_IMAGES}")
+    path, image_root = Path(path), Path(image_root)
+    check = _Checker(path)
+    coco = _read_json(path)
+    raw_categories, raw_images, raw_annotations = (check.entries(coco, k)
+                                                   for k in ("categories", "images", "annotations"))
+
+    by_id: dict[int, dict] = {}
+    for c in raw_categories:
+        check.require(c, ("id", "name", "keypoints", "skeleton"), "category")
+        check.number(c, "id", "category", integer=True)
+        if c["id"] in by_id:
+            raise check.fail(f"category {c['id']}", "appears twice in 'categories'")
+        if not isinstance(c["keypoints"], list) or not all(isinstance(k, str) for k in c["keypoints"]):
+            raise check.fail(f"category {c['id']}", "has field 'keypoints' that is not a list of names")
+        by_id[c["id"]] = c
+
+    images: dict[int, dict] = {}  # insertion order = file order, the reference's getImgIds() order
+    for im in raw_images:
+        check.require(im, ("id", "file_name", "width", "height"), "image")
+        check.number(im, "id", "image", integer=True)
+        for key in ("width", "height"):
+            check.number(im, key, "image")
+        if not isinstance(im["file_name"], str):
+            raise check.fail(f"image {im['id']}", f"has field 'file_name' = {im['file_name']!r}, not a path")
+        if im["id"] in images:
+            raise check.fail(f"image {im['id']}", "appears twice in 'images'")
+        images[im["id"]] = im
+
+    per_image: dict[int, list[dict]] = {}
+    counts: dict[int, tuple[int, int]] = {}  # category id -> (keypoint count, the annotation that set it)
+    seen: set = set()
+    for a in raw_annotations:
+        check.require(a, ("id", "image_id", "category_id", "bbox", "keypoints"), "annotation")
+        for key in ("id", "image_id", "category_id"):
+            check.number(a, key, "annotation", integer=True)
+        where = f"annotation {a['id']}"
+        if a["id"] in seen:
+            raise check.fail(where, "appears twice in 'annotations'")
+        seen.add(a["id"])
+        if a["category_id"] not in by_id:
+            raise check.fail(where, f"has field 'category_id' = {a['category_id']!r}, not in 'categories'")
+        if a["image_id"] not in images:
+            raise check.fail(where, f"has field 'image_id' = {a['image_id']!r}, not in 'images'")
+        if not isinstance(a["bbox"], list) or len(a["bbox"]) != 4 or not all(map(_is_number, a["bbox"])):
+            raise check.fail(where, f"has field 'bbox' = {a['bbox']!r}; COCO boxes are [x, y, width, height]")
+        kps = a["keypoints"]
+        if not isinstance(kps, list) or not kps or len(kps) % 3 or not all(map(_is_number, kps)):
+            raise check.fail(where, "has field 'keypoints' that is not a non-empty list of numbers [x, y, v, ...] "
+                             f"(it has {len(kps) if isinstance(kps, list) else type(kps).__name__} values)")
+        for key in ("iscrowd", "area", "num_keypoints"):
+            if key in a and not (key == "iscrowd" and isinstance(a[key], bool)):  # xtcocotools itself writes False
+                check.number(a, key, "annotation")
+        n, first = counts.setdefault(a["category_id"], (len(kps) // 3, a["id"]))
+        if len(kps) // 3 != n:
+            raise check.fail(where, f"has {len(kps) // 3} keypoints in field 'keypoints', but annotation {first} of "
+                             f"the same category {a['category_id']} has {n}")
+        per_image.setdefault(a["image_id"], []).append(a)
 
     categories = {}
-    for c in coco["categories"]:
-        _require(c, ("id", "name", "keypoints", "skeleton"), f"category {c.get('id', '?')}", path)
-        categories[c["id"]] = Category(c["id"], c["name"], tuple(c["keypoints"]), tuple(tuple(e) for e in c["skeleton"]))
-    images = {}
-    for im in coco["images"]:
-        _require(im, ("id", "file_name"), f"image {im.get('id', '?')}", path)
-        images[im["id"]] = image_root / im["file_name"]
+    for cid, c in by_id.items():
+        names = tuple(c["keypoints"])
+        n = counts[cid][0] if cid in counts else len(names)
+        if names and len(names) != n:
+            raise check.fail(f"annotation {counts[cid][1]}", f"has {n} keypoints in field 'keypoints', but its "
+                             f"category {cid} ({c['name']!r}) names {len(names)}")
+        categories[cid] = Category(cid, str(c["name"]), names, n, *_skeleton(check, c, n))
 
     instances: dict[int, list[Instance]] = {cid: [] for cid in categories}
-    for a in coco["annotations"]:
-        _require(a, ("id", "image_id", "category_id", "bbox", "keypoints"), f"annotation {a.get('id', '?')}", path)
-        if a["category_id"] not in categories:
-            raise MP100FormatError(f"{path}: annotation {a['id']} has category_id {a['category_id']}, not in 'categories'")
-        if a["image_id"] not in images:
-            raise MP100FormatError(f"{path}: annotation {a['id']} has image_id {a['image_id']}, not in 'images'")
-        n = len(categories[a["category_id"]].keypoint_names)
-        kps = np.asarray(a["keypoints"], np.float32)
-        if kps.shape != (3 * n,):
-            raise MP100FormatError(f"{path}: annotation {a['id']} has {kps.size} keypoint values; its category "
-                                   f"{categories[a['category_id']].name!r} has {n} keypoints, so 3*{n} = {3 * n} are needed")
-        kps = kps.reshape(n, 3)
-        if len(a["bbox"]) != 4:
-            raise MP100FormatError(f"{path}: annotation {a['id']} has bbox {a['bbox']}; COCO boxes are [x, y, width, height]")
-        x, y, w, h = (float(v) for v in a["bbox"])
-        if w <= 0 or h <= 0 or not (kps[:, 2] > 0).any():
-            continue
-        instances[a["category_id"]].append(
-            Instance(a["id"], a["category_id"], images[a["image_id"]], (x, y, w, h), kps[:, :2].copy(), kps[:, 2] > 0))
+    dropped: dict[str, list[int]] = {r: [] for r in DROP_REASONS}
+    missing: list[Path] = []
+    exists: dict[Path, bool] = {}
+    for image_id, im in images.items():
+        image_path = image_root / im["file_name"]
+        for a in per_image.get(image_id, []):
+            reason = _drop_reason(a, im["width"], im["height"])
+            if reason is None and image_path not in exists:
+                exists[image_path] = image_path.is_file()
+                if not exists[image_path] and missing_images != "drop":
+                    missing.append(image_path)
+            if reason is None and not exists[image_path] and missing_images == "drop":
+                reason = "missing image"
+            if reason is not None:
+                dropped[reason].append(a["id"])
+                continue
+            kps = np.asarray(a["keypoints"], np.float32).reshape(-1, 3)
+            instances[a["category_id"]].append(Instance(
+                a["id"], a["category_id"], image_path, clean_bbox(a["bbox"], im["width"], im["height"]),
+                kps[:, :2].copy(), kps[:, 2] > 0))
 
-    if check_images:
-        missing = sorted({str(i.image_path) for insts in instances.values() for i in insts if not i.image_path.is_file()})
-        if missing:
-            raise MP100FormatError(f"{len(missing)} image file(s) named in {path} are missing under {image_root}, "
-                                   f"e.g. {missing[0]}; download the MP-100 images into that folder")
-    return MP100Split(path, categories, instances)
+    if missing and missing_images == "error":
+        raise MP100FormatError(f"{len(missing)} image file(s) named in {path} are missing under {image_root}: "
+                               f"{_listed([str(p) for p in missing])}; download the MP-100 images into that folder "
+                               "(or load with missing_images='drop' to leave those instances out)")
+    return MP100Split(path, categories, instances, dropped, missing)
 
 
-def load_mp100(data_root: str | Path, split: int, check_images: bool = True) -> dict[str, MP100Split]:
+def load_mp100(data_root: str | Path, split: int, missing_images: str = "error") -> dict[str, MP100Split]:
     """Load train/val/test of MP-100 split ``split`` (1..5) from ``data_root`` and check their categories are disjoint.
 
     Raises:
         MP100FormatError: see :func:`load_split` and :func:`check_disjoint`.
     """
-    splits = {s: load_split(annotation_path(data_root, split, s), Path(data_root) / "images", check_images) for s in SUBSETS}
+    root = Path(data_root)
+    splits = {s: load_split(annotation_path(root, split, s), root / "images", missing_images) for s in SUBSETS}
     check_disjoint(splits)
     return splits
 
@@ -172,10 +404,40 @@ def check_disjoint(splits: dict[str, MP100Split]) -> None:
                                        f"{splits[b].path.name}; CAPE needs disjoint train/val/test categories")
 
 
-class EpisodeSampler:
-    """Draws episodes: one category, then K supports and Q queries, all distinct instances of it.
+def category_report(split: MP100Split) -> list[dict]:
+    """One row per category, in file order: ``id``, ``name``, ``keypoints`` (count), ``named`` (whether the
+    file names the keypoints), ``instances`` (kept), ``skeleton_edges`` and ``skeleton_base`` (0, 1 or None)."""
+    return [{"id": c.id, "name": c.name, "keypoints": c.num_keypoints, "named": bool(c.keypoint_names),
+             "instances": len(split.instances[c.id]), "skeleton_edges": len(c.skeleton),
+             "skeleton_base": c.skeleton_base} for c in split.categories.values()]
 
-    Categories with fewer than K + Q instances cannot form an episode and are left out.
+
+def format_report(split: MP100Split) -> str:
+    """A printable per-category table of :func:`category_report`, with what was dropped and which images are missing."""
+    rows = category_report(split)
+    kept = sum(r["instances"] for r in rows)
+    lines = [f"{split.path.name}: {len(rows)} categories, {kept} instances"]
+    for reason, ids in split.dropped.items():
+        if ids:
+            lines.append(f"  dropped ({reason}): {len(ids)} annotation(s): {_listed(ids)}")
+    if split.missing_images:
+        lines.append(f"  missing images: {_listed([str(p) for p in split.missing_images])}")
+    lines.append(f"  {'id':>4} {'name':<28} {'kpts':>4} {'inst':>5} {'edges':>5} base")
+    for r in rows:
+        base = "empty" if r["skeleton_base"] is None else f"{r['skeleton_base']}-based"
+        kpts = f"{r['keypoints']}" + ("" if r["named"] else "*")
+        lines.append(f"  {r['id']:>4} {r['name'][:28]:<28} {kpts:>4} {r['instances']:>5} "
+                     f"{r['skeleton_edges']:>5} {base}")
+    if not all(r["named"] for r in rows):
+        lines.append("  * the file gives no keypoint names; the count comes from the annotations")
+    return "\n".join(lines)
+
+
+class EpisodeSampler:
+    """Draws training episodes: one category, then K supports and Q queries, all distinct instances of it.
+
+    Not the evaluation protocol (that is ``utils.eval.pck.protocol_episodes``). Categories with fewer than
+    K + Q instances cannot form an episode and are left out.
 
     Raises:
         MP100FormatError: no category of the split has K + Q instances.
@@ -196,7 +458,7 @@ class EpisodeSampler:
         return Episode(cid, tuple(int(i) for i in idx[:self.shots]), tuple(int(i) for i in idx[self.shots:]))
 
     def fixed_episodes(self, episodes_per_category: int, seed: int) -> list[Episode]:
-        """The seeded evaluation set: ``episodes_per_category`` episodes for each category, the same on every call."""
+        """A seeded episode set, ``episodes_per_category`` per category, the same on every call (not the protocol's)."""
         return [self.sample(np.random.default_rng([seed, cid, e]), cid)
                 for cid in self.category_ids for e in range(episodes_per_category)]
 
@@ -246,12 +508,12 @@ def _jitter_colour(img: np.ndarray, rng: np.random.Generator, amount: float) -> 
 
 def load_instance(inst: Instance, image_size: int, augment: Augmentation | None = None,
                   rng: np.random.Generator | None = None, margin: float = 1.25) -> dict[str, np.ndarray]:
-    """Crop one instance to its bbox (with ``margin``), optionally augmented, and normalise it.
+    """Crop one instance to its clean box (with ``margin``), optionally augmented, and normalise it.
 
     Returns numpy arrays: ``image`` [3, S, S] float32 ImageNet-normalised; ``keypoints`` [N, 2] float32 in
     normalised crop coordinates; ``visible`` [N] bool (with augmentation, points pushed out of the crop are
-    marked invisible); ``keypoints_orig`` [N, 2] original pixels; ``bbox_size`` float max(w, h) in original
-    pixels; ``crop_to_orig`` [2, 3] affine from crop pixels to original pixels.
+    marked invisible); ``keypoints_orig`` [N, 2] original pixels; ``bbox_size`` float32 max(w', h') in original
+    pixels (the PCK normaliser, rounded to float32); ``crop_to_orig`` [2, 3] affine from crop pixels to original pixels.
 
     Raises:
         MP100FormatError: the image cannot be read.
@@ -281,9 +543,18 @@ def load_instance(inst: Instance, image_size: int, augment: Augmentation | None 
         "keypoints": kps.astype(np.float32),
         "visible": visible,
         "keypoints_orig": inst.keypoints.astype(np.float32),
-        "bbox_size": np.float32(max(inst.bbox[2], inst.bbox[3])),
+        "bbox_size": np.float32(inst.normaliser),
         "crop_to_orig": to_orig.astype(np.float32),
     }
+
+
+def skeleton_adjacency(category: Category) -> np.ndarray:
+    """[N, N] bool: True where the category's skeleton joins two keypoints (symmetric, no self-loops)."""
+    adj = np.zeros((category.num_keypoints, category.num_keypoints), bool)
+    for i, j in category.skeleton:
+        if i != j:
+            adj[i, j] = adj[j, i] = True
+    return adj
 
 
 class EpisodeDataset(Dataset):
@@ -317,7 +588,10 @@ class EpisodeDataset(Dataset):
         insts = self.split.instances[ep.category_id]
         sup = [load_instance(insts[j], self.image_size, self.augment, rng) for j in ep.support]
         qry = [load_instance(insts[j], self.image_size, self.augment, rng) for j in ep.query]
-        out = {"category_id": ep.category_id}
+        out = {"category_id": ep.category_id,
+               "support_ann_id": np.array([insts[j].ann_id for j in ep.support], np.int64),
+               "query_ann_id": np.array([insts[j].ann_id for j in ep.query], np.int64),
+               "adjacency": skeleton_adjacency(self.split.categories[ep.category_id])}
         for prefix, items in (("support", sup), ("query", qry)):
             for key in ("image", "keypoints", "visible"):
                 out[f"{prefix}_{key}"] = np.stack([it[key] for it in items])
@@ -326,24 +600,30 @@ class EpisodeDataset(Dataset):
         return out
 
 
+_PER_KEYPOINT = ("support_keypoints", "support_visible", "query_keypoints", "query_visible", "query_keypoints_orig")
+
+
 def collate_episodes(episodes: list[dict]) -> dict[str, torch.Tensor]:
     """Batch B episodes whose categories may have different keypoint counts, padding to the largest N.
 
     Returns tensors: ``support_image`` [B, K, 3, S, S], ``support_keypoints`` [B, K, N, 2], ``support_visible``
     [B, K, N] bool, ``query_image`` [B, Q, 3, S, S], ``query_keypoints`` [B, Q, N, 2], ``query_visible`` [B, Q, N],
     ``query_keypoints_orig`` [B, Q, N, 2], ``query_bbox_size`` [B, Q], ``query_crop_to_orig`` [B, Q, 2, 3],
-    ``keypoint_mask`` [B, N] bool (False on padding), ``category_id`` [B] int64. Padded keypoints are
-    invisible and at 0.
+    ``keypoint_mask`` [B, N] bool (False on padding), ``category_id`` [B] int64, ``support_ann_id`` [B, K] and
+    ``query_ann_id`` [B, Q] int64 (annotation ids), ``adjacency`` [B, N, N] bool (the category's skeleton,
+    0-based and symmetric, no self-loops). Padded keypoints are invisible, at 0 and joined to nothing.
     """
     n_max = max(e["support_keypoints"].shape[1] for e in episodes)
     out: dict[str, list] = {}
     for e in episodes:
         n = e["support_keypoints"].shape[1]
         for key, value in e.items():
-            if key in ("support_keypoints", "support_visible", "query_keypoints", "query_visible", "query_keypoints_orig"):
+            if key in _PER_KEYPOINT:
                 pad = [(0, 0)] * value.ndim
                 pad[1] = (0, n_max - n)  # every per-keypoint array is [K or Q, N, ...]
                 value = np.pad(value, pad)
+            elif key == "adjacency":
+                value = np.pad(value, [(0, n_max - n), (0, n_max - n)])
             out.setdefault(key, []).append(value)
         out.setdefault("keypoint_mask", []).append(np.arange(n_max) < n)
     return {k: torch.as_tensor(np.stack(v)) for k, v in out.items()}
