@@ -1,7 +1,21 @@
-"""CAPE training losses (CapeFormer recipe): heatmap MSE plus L1 on the initial and every refined stage.
+"""CAPE training loss of CapeFormer and Pose Anything: heatmap MSE on the similarity map plus L1 on the
+proposal and on every decoder layer.
 
-Only keypoints that are real (not padding), visible in the query and seen by at least one
-support (so they have a prototype) are supervised.
+Reference: ``TwoStageHead.get_loss`` and ``heatmap_loss`` (``flyinglynx/CapeFormer``,
+``capeformer/models/keypoint_heads/two_stage_head.py``; ``PoseHead`` in ``orhir/PoseAnything`` is the same).
+Per query sample m (every query of an episode is one sample) and keypoint n, with weight
+w[m, n] = (query keypoint visible and its Gaussian on the heatmap) x (support token used) and
+Z[m] = max(1, sum_n w[m, n]):
+
+- heatmap: the target is the query's MSRA Gaussian heatmap (image / 4 grid, the model's sigma), resized
+  bilinearly to the similarity map and divided by its maximum (+1e-10); per keypoint the mean over cells of
+  (sigmoid(similarity) - target)^2; ``heatmap_loss`` = mean over m of sum_n w * mse / Z, times ``heatmap_weight``
+  (2.0 in both papers' configs);
+- ``proposal_loss``: mean over m of sum_n w * (|dx| + |dy|) / Z for the global soft-argmax (``initial``);
+- ``l1_loss_layer{l}``: the same for decoder layer l (``refined[l]``).
+
+The total is their sum (mmcv adds every entry whose name contains "loss"); coordinates are normalised, as the
+reference's ``target / 256``.
 """
 
 from __future__ import annotations
@@ -9,55 +23,43 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.cape.model import cell_centres
+from models.cape.capeformer import HEATMAP_STRIDE, msra_heatmaps
 
 
-def supervised_mask(query_visible: torch.Tensor, support_visible: torch.Tensor, keypoint_mask: torch.Tensor) -> torch.Tensor:
-    """[B, Q, N] bool: query-visible, support-seen (in any shot), non-padding keypoints.
-
-    Args: query_visible [B, Q, N] bool, support_visible [B, K, N] bool, keypoint_mask [B, N] bool.
-    """
-    return query_visible & support_visible.any(1, keepdim=True) & keypoint_mask[:, None]
-
-
-def gaussian_target(points: torch.Tensor, h: int, w: int, sigma: float) -> torch.Tensor:
-    """Unnormalised Gaussians (peak 1) centred on normalised points [..., 2] -> [..., h, w]; ``sigma`` in cells."""
-    centres = cell_centres(h, w, points.device)
-    scale = torch.tensor([w, h], device=points.device, dtype=torch.float32)
-    dist2 = (((points.float()[..., None, :] - centres) * scale) ** 2).sum(-1)
-    return torch.exp(-dist2 / (2 * sigma ** 2)).unflatten(-1, (h, w))
-
-
-def cape_loss(outputs: dict[str, torch.Tensor], query_keypoints: torch.Tensor, mask: torch.Tensor,
-              heatmap_weight: float = 0.2, heatmap_sigma: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
-    """Total loss ``heatmap_weight * heatmap + L1(initial) + sum_l L1(refined_l)``.
-
-    ``heatmap`` is, per supervised keypoint, the sum over cells of (sigmoid(logit) - target)^2 with a
-    peak-1 Gaussian target of std ``heatmap_sigma`` cells (a per-keypoint sum, so its scale does not
-    depend on the map size), averaged over keypoints. Each L1 is the mean absolute error of x and y in
-    normalised coordinates over supervised keypoints.
+def capeformer_loss(outputs: dict[str, torch.Tensor], batch: dict[str, torch.Tensor], heatmap_sigma: int,
+                    heatmap_weight: float = 2.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The reference loss (see the module docstring), in float32.
 
     Args:
-        outputs: :class:`~models.cape.model.CapeModel` outputs (``heatmap_logits`` [B, Q, N, h, w],
-            ``initial`` [B, Q, N, 2], ``refined`` [L, B, Q, N, 2]).
-        query_keypoints: [B, Q, N, 2] normalised ground truth. mask: [B, Q, N] bool (see :func:`supervised_mask`).
+        outputs: a :class:`~models.cape.capeformer.CapeFormer` forward's dict (``similarity`` ``[B, Q, N, h, w]``,
+            ``initial`` ``[B, Q, N, 2]``, ``refined`` ``[L, B, Q, N, 2]``, ``support_mask`` ``[B, N]``).
+        batch: ``query_keypoints`` ``[B, Q, N, 2]`` normalised, ``query_visible`` ``[B, Q, N]`` bool and
+            ``query_image`` ``[B, Q, 3, S, S]`` (its side S sets the heatmap grid, S / 4), as
+            :func:`utils.data.mp100.collate_episodes` makes them.
+        heatmap_sigma: the model's ``cfg.heatmap_sigma``. heatmap_weight: the heatmap term's weight.
 
     Returns:
-        (scalar float32 loss, dict of detached scalar components: ``heatmap``, ``l1_initial``, ``l1_refined`` (last layer)).
-        With no supervised keypoint the loss is 0 (still connected to the graph).
+        (total scalar, detached parts ``heatmap_loss`` (weighted), ``proposal_loss``, ``l1_loss_layer{l}``). A batch
+        with no supervised keypoint gives 0, still connected to the graph.
     """
-    count = mask.sum().clamp_min(1)
-    m = mask.float()
-    logits = outputs["heatmap_logits"].float()
-    target = gaussian_target(query_keypoints, *logits.shape[-2:], heatmap_sigma)
-    hm = ((torch.sigmoid(logits) - target) ** 2).sum((-2, -1))
-    heatmap = (hm * m).sum() / count
+    gt = batch["query_keypoints"].float()
+    target, on_map = msra_heatmaps(gt, batch["query_visible"].bool(), batch["query_image"].shape[-1] // HEATMAP_STRIDE,
+                                   heatmap_sigma)
+    weight = (on_map & outputs["support_mask"][:, None]).float().flatten(0, 1)         # [M, N]
+    norm = weight.sum(-1).clamp_min(1)
 
-    def l1(pred: torch.Tensor) -> torch.Tensor:
-        return (F.l1_loss(pred.float(), query_keypoints.float(), reduction="none").mean(-1) * m).sum() / count
+    similarity = outputs["similarity"].float().flatten(0, 1)                          # [M, N, h, w]
+    target = F.interpolate(target.flatten(0, 1), size=similarity.shape[-2:], mode="bilinear", align_corners=False)
+    target = target / (target.amax((-2, -1), keepdim=True) + 1e-10)
+    mse = ((similarity.sigmoid() - target) ** 2).mean((-2, -1))
+    heatmap = ((mse * weight).sum(-1) / norm).mean()
 
-    l1_initial = l1(outputs["initial"])
-    l1_refined = [l1(p) for p in outputs["refined"]]
-    total = heatmap_weight * heatmap + l1_initial + sum(l1_refined)
-    parts = {"heatmap": heatmap.detach(), "l1_initial": l1_initial.detach(), "l1_refined": l1_refined[-1].detach()}
-    return total, parts
+    gt = gt.flatten(0, 1)
+
+    def l1(points: torch.Tensor) -> torch.Tensor:
+        return (((points.float().flatten(0, 1) - gt).abs().sum(-1) * weight).sum(-1) / norm).mean()
+
+    parts = {"heatmap_loss": heatmap_weight * heatmap, "proposal_loss": l1(outputs["initial"])}
+    parts.update({f"l1_loss_layer{i}": l1(layer) for i, layer in enumerate(outputs["refined"])})
+    total = sum(parts.values())
+    return total, {k: v.detach() for k, v in parts.items()}
