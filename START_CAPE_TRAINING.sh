@@ -6,13 +6,16 @@
 #   MP100_ROOT=/data/mp100 ./START_CAPE_TRAINING.sh --split 2
 #   ./START_CAPE_TRAINING.sh --epochs 1 --episodes_per_epoch 8     # smoke run
 #   ./START_CAPE_TRAINING.sh --no-use_amp --device cpu
+#   ./START_CAPE_TRAINING.sh --resume auto                 # continue the newest run with the same settings
+#   MP100_ROOT=/data/mp100 ./START_CAPE_TRAINING.sh --eval_only --resume RUN/best.pt --split 1 \
+#       --eval_set test --shots 1 --predictions_out preds.jsonl   # the papers' protocol, pck_report.json beside it
 #
 # Environment: PYTHON (default python3, else python), MP100_ROOT (an MP-100 folder with annotations/
 # and images/; without it the synthetic MP-100-format dataset in data/synthetic_cape is used).
 set -euo pipefail
 cd "$(dirname "$0")"
 
-die() { echo "START_CAPE_TRAINING: $*" >&2; exit 1; }
+die() { echo "START_CAPE_TRAINING: error: $*" >&2; exit 2; }
 
 PYTHON="${PYTHON:-$(command -v python3 || command -v python || true)}"
 [[ -n "$PYTHON" ]] && command -v "$PYTHON" >/dev/null || die "no python found: install Python 3.10+ or set PYTHON=/path/to/python"
@@ -41,7 +44,7 @@ try:
     print(select_device(sys.argv[1]).device.type)
 except DeviceError as e:
     sys.exit(f'START_CAPE_TRAINING: {e}')
-" "$REQUESTED_DEVICE") || exit 1
+" "$REQUESTED_DEVICE") || exit 2
 
 if [[ -n "$USER_DATA_ROOT" ]]; then
   DATA_ARGS=()
@@ -69,21 +72,19 @@ if load > 0.75 * cores:
 " || true
 fi
 
-RUN_ID=$(date +%Y%m%d_%H%M%S)  # a fresh output folder per launch; the trainer never overwrites a run
 case "$DEVICE" in
   cuda|mps)
-    # CapeFormer's recipe: ResNet-50 at 256 px. Batch size, accumulation and workers come from the
-    # hardware profile (utils/hardware_optimizer.py), effective batch 16 episodes.
-    DEFAULTS=(--backbone resnet50 --image_size 256 --hidden_dim 256 --epochs 100 --episodes_per_epoch 2000
-              --output_dir "outputs/cape_${DEVICE}_$RUN_ID") ;;
+    # The CapeFormer paper recipe (models/cape/recipes.py): ResNet-50 at 256 px, Adam 1e-5, step decay, 200 epochs,
+    # batch 16 (split into micro-batches by the hardware profile). ImageNet weights come from --backbone_weights
+    # or the torchvision cache; --recipe pose_anything for the graph decoder on SwinV2-T.
+    DEFAULTS=(--recipe capeformer) ;;
   *)
-    # CPU quickstart, about 10 minutes on 2 cores (+1 to build the data): ResNet-18 at 128 px, 1 support +
-    # 8 queries per step (many small steps learn faster here than the GPU's batch of 16), small seeded
-    # val/test episode sets.
-    DEFAULTS=(--backbone resnet18 --image_size 128 --hidden_dim 128 --num_heads 4 --queries 8
-              --batch_size 1 --accumulation_steps 1 --lr 1e-3 --lr_warmup_steps 100
-              --epochs 8 --episodes_per_epoch 200 --val_episodes_per_category 2 --test_episodes_per_category 5
-              --log_interval 25 --output_dir "outputs/cape_cpu_$RUN_ID") ;;
+    # CPU quickstart, about 10 minutes on 2 cores (+1 to build the data): capeformer_lite (the CapeFormer network
+    # sized for a CPU, ResNet-18 at 128 px), 1 support + 8 queries per step (many small steps learn faster here
+    # than the GPU's batch of 16), and a short protocol evaluation (the first episodes of the papers' draw).
+    DEFAULTS=(--model capeformer_lite --image_size 128 --queries 8 --batch_size 1 --accumulation_steps 1
+              --lr 2e-4 --lr_warmup_steps 100 --epochs 8 --episodes_per_epoch 200
+              --val_episodes_per_category 2 --test_episodes_per_category 5 --log_interval 25) ;;
 esac
 
 # ${a[@]+"${a[@]}"}: an empty array is "unbound" under set -u in macOS's bash 3.2.

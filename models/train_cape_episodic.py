@@ -1,23 +1,28 @@
-"""Episodic CAPE training on MP-100 (or the synthetic stand-in), on CUDA, Apple Silicon (MPS) or CPU.
+"""Episodic CAPE training and evaluation on MP-100 (or the synthetic stand-in), on CUDA, Apple Silicon or CPU.
 
-    python -m models.train_cape_episodic --data_root data/mp100 --split 1
-    python -m models.train_cape_episodic --resume outputs/cape/last.pt ...   # same flags as the first run
+    python -m models.train_cape_episodic --recipe capeformer --data_root data/mp100 --split 1 --backbone_weights R50.pth
+    python -m models.train_cape_episodic --resume auto ...            # continue the newest run of the same settings
+    python -m models.train_cape_episodic --eval_only --resume RUN/best.pt --data_root data/mp100 --split 1 \\
+        --eval_set test --shots 1 --predictions_out preds.jsonl
 
-Each step trains on ``--batch_size`` episodes (one category each, K supports and Q queries);
-validation PCK@0.2 on the unseen val categories runs every epoch and keeps ``best.pt``; at the end
-the best model is scored on the unseen test categories next to the copy-the-support baseline.
-Outputs in ``--output_dir``: ``last.pt``, ``best.pt``, ``metrics.jsonl`` and TensorBoard logs in ``tb/``.
+Each optimizer step trains on ``--batch_size`` episodes (one category each, K supports and Q queries), in
+``--accumulation_steps`` micro-batches. Validation on the unseen val categories runs every ``--val_interval``
+epochs with the papers' protocol (utils/eval/pck.py) and keeps ``best.pt``; at the end the best model is scored
+on the unseen test categories next to the copy-the-support baseline, and ``pck_report.json`` is written.
+Settings merge in one order: defaults, the hardware profile, ``--recipe`` (a paper's recipe), the command line.
+Everything around the loop (run directory, checkpoints, metrics, the non-finite guard, graceful stop, errors)
+is the shared run lifecycle in utils/run/.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import dataclasses
+import logging
 import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import utils  # noqa: F401  (sets the MPS fallback env before torch loads)
@@ -27,75 +32,209 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from models.cape import CapeConfig, CapeModel, cape_loss, load_backbone_weights, supervised_mask
-from utils.run.checkpoint import CheckpointError, atomic_save, capture_rng_state, restore_rng_state, safe_load
-from utils.device import DeviceError, bf16_support, configure_backends, describe, select_device
-from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100FormatError, collate_episodes, load_mp100)
-from utils.eval.pck import PCKAccumulator, copy_support_baseline, crop_to_original, evaluation_mask
-from utils.distributed import Dist, any_rank, init_distributed
+from models.cape import BACKBONES, MODELS, build_model, init_backbone_weights
+from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
+from utils.config import ConfigError, merge_layers
+from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
+                              collate_episodes, load_mp100, load_split)
+from utils.device import bf16_support, configure_backends, describe, select_device
+from utils.distributed import Dist, any_rank, main_decides
+from utils.eval.pck import EpisodeEvaluator, copy_support_baseline, crop_to_original, protocol_episodes
 from utils.hardware_optimizer import resolve_hardware_profile
-from utils.run.training import GracefulStop, MetricsLogger
+from utils.run.checkpoint import (CheckpointError, CheckpointWriteError, atomic_save, capture_rng_state,
+                                  restore_rng_state, safe_load)
+from utils.run.guard import NonFiniteGuard, nonfinite_names
+from utils.run.main import ArgumentParser, run_main
+from utils.run.metrics import MetricsWriter
+from utils.run.plan import Decision, Plan
+from utils.run.run_dir import RunDirectory, find_matching_run, newest_loadable, recorded_checkpoints, settings_fingerprint
+from utils.run.schedule import LRSchedule
+from utils.run.stop import GracefulStop
+from utils.viz.pose import pose_grid
 
-MAX_NONFINITE_IN_A_ROW = 10
+log = logging.getLogger("cape")
+
+# Every flag's default. Flags left at None are filled by the hardware profile (batch, accumulation, workers) or by
+# the model's own configuration (model widths; see models/cape/capeformer.py).
+DEFAULTS = {
+    "data_root": "data/synthetic_cape", "split": 1, "image_size": 256, "shots": 1, "queries": 4, "eval_queries": 15,
+    "val_episodes_per_category": 100, "test_episodes_per_category": 200, "num_workers": None,
+    "model": "capeformer", "backbone": None, "backbone_weights": None, "hidden_dim": None, "num_heads": None,
+    "num_decoder_layers": None, "dropout": None, "drop_path_rate": None,
+    "epochs": 100, "episodes_per_epoch": 2000, "batch_size": None, "accumulation_steps": None,
+    "optimizer": "adamw", "lr": 2e-4, "weight_decay": 1e-4, "lr_schedule": "cosine", "lr_warmup_steps": 200,
+    "lr_warmup_ratio": 0.001, "lr_min_ratio": 0.05, "lr_steps": [160, 180], "lr_gamma": 0.1, "clip_max_norm": 1.0,
+    "heatmap_weight": 2.0, "aug_scale": 0.15, "aug_rotation": 15.0, "aug_rotation_prob": 0.6, "aug_colour": 0.2,
+    "seed": 0, "val_interval": 1,
+    "device": "auto", "hardware": "auto", "use_amp": True, "cudnn_benchmark": True, "cudnn_deterministic": False,
+    "output_dir": None, "resume": None, "recipe": None, "logger": "tensorboard", "log_interval": 20,
+    "keep_last_checkpoints": 2, "max_nonfinite_steps": 10,
+    "eval_only": False, "eval_set": "test", "predictions_out": None, "report_out": None,
+}
+# Settings that steer the run, not what it trains: left out of the fingerprint that finds "the same run".
+RUN_CONTROL = ("num_workers", "device", "hardware", "output_dir", "resume", "logger", "log_interval",
+               "keep_last_checkpoints", "max_nonfinite_steps", "eval_only", "eval_set", "predictions_out", "report_out",
+               "backbone_weights", "cudnn_benchmark")
+MODEL_FLAGS = ("backbone", "hidden_dim", "num_heads", "num_decoder_layers", "dropout", "drop_path_rate")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> ArgumentParser:
     on_off = argparse.BooleanOptionalAction
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = ArgumentParser(prog="python -m models.train_cape_episodic", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="recipes (--recipe; flags given on the command line win):\n" + "\n".join(
+                           f"  {r.name:<16} {r.source}; published mean PCK@0.2 {r.published_pck[0]} (1-shot) / "
+                           f"{r.published_pck[1]} (5-shot)" for r in RECIPES.values())
+                       + "\n\nsettings merge in the order: defaults, hardware profile, --recipe, command line")
+
+    def add(group, flag, help, **kw):
+        default = DEFAULTS[flag.lstrip("-")]
+        shown = "" if default is None else f" (default: {default})"
+        group.add_argument(flag, default=None, help=help + shown, **kw)
+
     g = p.add_argument_group("data")
-    g.add_argument("--data_root", default="data/synthetic_cape", help="MP-100 folder with annotations/ and images/")
-    g.add_argument("--split", type=int, default=1, choices=range(1, 6), help="MP-100 split (1..5)")
-    g.add_argument("--image_size", type=int, default=256, help="crop side in pixels (a multiple of 32)")
-    g.add_argument("--shots", type=int, default=1, help="K support images per episode")
-    g.add_argument("--queries", type=int, default=4, help="Q query images per training episode")
-    g.add_argument("--eval_queries", type=int, default=15, help="Q query images per evaluation episode (MP-100: 15)")
-    g.add_argument("--val_episodes_per_category", type=int, default=20)
-    g.add_argument("--test_episodes_per_category", type=int, default=200, help="MP-100 protocol: 200")
-    g.add_argument("--eval_seed", type=int, default=0, help="seed of the fixed evaluation episodes")
-    g.add_argument("--num_workers", type=int, default=None, help="DataLoader workers (default: hardware profile)")
+    add(g, "--data_root", "MP-100 folder with annotations/ and images/")
+    add(g, "--split", "MP-100 split (1..5)", type=int)
+    add(g, "--image_size", "crop side in pixels (a multiple of 32)", type=int)
+    add(g, "--shots", "K support images per episode (the papers: 1 or 5)", type=int)
+    add(g, "--queries", "Q query images per training episode", type=int)
+    add(g, "--eval_queries", "Q query images per evaluation episode (the protocol: 15)", type=int)
+    add(g, "--val_episodes_per_category", "validation episodes per category (the protocol: 100; fewer keeps the "
+                                          "first ones of the protocol's draw)", type=int)
+    add(g, "--test_episodes_per_category", "test episodes per category (the protocol: 200; fewer keeps the first "
+                                           "ones of the protocol's draw)", type=int)
+    add(g, "--num_workers", "DataLoader workers (default: hardware profile)", type=int)
     g = p.add_argument_group("model")
-    g.add_argument("--backbone", default="resnet50", choices=["resnet18", "resnet50"])
-    g.add_argument("--backbone_weights", default=None, help="torchvision-layout ResNet state dict to start from")
-    g.add_argument("--hidden_dim", type=int, default=256)
-    g.add_argument("--num_heads", type=int, default=8)
-    g.add_argument("--num_decoder_layers", type=int, default=3)
-    g.add_argument("--dropout", type=float, default=0.1)
+    add(g, "--model", "model", choices=MODELS)
+    add(g, "--backbone", "backbone (default: the model's)", choices=BACKBONES)
+    add(g, "--backbone_weights", "ImageNet weights file (torchvision layout for ResNets, timm for SwinV2); without "
+                                 "it the local torchvision/Hugging Face cache is used, else random weights")
+    add(g, "--hidden_dim", "transformer width (default: the model's)", type=int)
+    add(g, "--num_heads", "attention heads (default: the model's)", type=int)
+    add(g, "--num_decoder_layers", "decoder layers (default: the model's)", type=int)
+    add(g, "--dropout", "transformer dropout (default: the model's)", type=float)
+    add(g, "--drop_path_rate", "SwinV2 stochastic depth (default: the model's)", type=float)
     g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=100)
-    g.add_argument("--episodes_per_epoch", type=int, default=2000)
-    g.add_argument("--batch_size", type=int, default=None, help="episodes per micro-step (default: hardware profile)")
-    g.add_argument("--accumulation_steps", type=int, default=None, help="micro-steps per optimizer step (default: hardware profile)")
-    g.add_argument("--lr", type=float, default=2e-4, help="peak AdamW learning rate")
-    g.add_argument("--lr_warmup_steps", type=int, default=200)
-    g.add_argument("--lr_min_ratio", type=float, default=0.05, help="final lr as a fraction of --lr (cosine decay)")
-    g.add_argument("--weight_decay", type=float, default=1e-4)
-    g.add_argument("--clip_max_norm", type=float, default=1.0, help="gradient-norm clip (0 disables)")
-    g.add_argument("--heatmap_weight", type=float, default=0.2)
-    g.add_argument("--seed", type=int, default=0)
+    add(g, "--epochs", "epochs", type=int)
+    add(g, "--episodes_per_epoch", "episodes per epoch; 0: the reference's epoch (every training category "
+                                   "contributes as many queries as the largest category has instances)", type=int)
+    add(g, "--batch_size", "episodes per optimizer step (default: hardware profile, 16)", type=int)
+    add(g, "--accumulation_steps", "micro-batches per optimizer step (default: hardware profile)", type=int)
+    add(g, "--optimizer", "optimizer", choices=("adamw", "adam"))
+    add(g, "--lr", "peak learning rate", type=float)
+    add(g, "--weight_decay", "weight decay (AdamW: decoupled; Adam: L2)", type=float)
+    add(g, "--lr_schedule", "after warmup: cosine decay to lr_min_ratio, or step decay at lr_steps", choices=("cosine", "step"))
+    add(g, "--lr_warmup_steps", "optimizer steps of linear warmup", type=int)
+    add(g, "--lr_warmup_ratio", "step schedule: the fraction of lr the first step gets (mmcv's warmup_ratio)", type=float)
+    add(g, "--lr_min_ratio", "cosine schedule: the final lr as a fraction of --lr", type=float)
+    add(g, "--lr_steps", "step schedule: epochs after which the lr is multiplied by --lr_gamma", type=int, nargs="+")
+    add(g, "--lr_gamma", "step schedule: the decay factor", type=float)
+    add(g, "--clip_max_norm", "gradient-norm clip (0 disables)", type=float)
+    add(g, "--heatmap_weight", "weight of the similarity-heatmap loss (the papers: 2.0)", type=float)
+    add(g, "--aug_scale", "random crop scale: clip(1 + s*n, 1 - s, 1 + s)", type=float)
+    add(g, "--aug_rotation", "random rotation: clip(r*n, -2r, 2r) degrees", type=float)
+    add(g, "--aug_rotation_prob", "probability that a crop is rotated", type=float)
+    add(g, "--aug_colour", "brightness/contrast/saturation jitter (the papers: 0)", type=float)
+    add(g, "--seed", "seed", type=int)
+    add(g, "--val_interval", "epochs between validations", type=int)
     g = p.add_argument_group("hardware")
-    g.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N")
-    g.add_argument("--hardware", default="auto", choices=["auto", "gpu_24gb", "gpu_16gb", "gpu_low_mem", "apple_silicon", "cpu"])
-    g.add_argument("--use_amp", action=on_off, default=True, help="mixed precision: bf16 where native, else fp16 + GradScaler on GPUs")
-    g.add_argument("--cudnn_benchmark", action=on_off, default=True)
-    g.add_argument("--cudnn_deterministic", action="store_true", help="deterministic algorithms (turns cudnn_benchmark off)")
+    add(g, "--device", "auto, cpu, mps, cuda or cuda:N")
+    add(g, "--hardware", "hardware profile", choices=("auto", "gpu_24gb", "gpu_16gb", "gpu_low_mem", "apple_silicon", "cpu"))
+    add(g, "--use_amp", "mixed precision: bf16 where native, else fp16 + GradScaler on GPUs", action=on_off)
+    add(g, "--cudnn_benchmark", "cuDNN autotuning", action=on_off)
+    add(g, "--cudnn_deterministic", "deterministic algorithms (turns cudnn_benchmark off)", action=on_off)
     g = p.add_argument_group("run")
-    g.add_argument("--output_dir", default="outputs/cape")
-    g.add_argument("--resume", default=None, help="checkpoint file (or a folder holding last.pt) to continue from")
-    g.add_argument("--log_interval", type=int, default=20, help="optimizer steps between train log points")
-    args = p.parse_args(argv)
-    for name in ("shots", "queries", "eval_queries", "epochs", "episodes_per_epoch", "batch_size", "accumulation_steps"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.image_size % 32:
-        p.error(f"--image_size {args.image_size} must be a multiple of 32 (the backbone's stride)")
-    if args.hidden_dim % args.num_heads or args.hidden_dim % 4:
-        p.error(f"--hidden_dim {args.hidden_dim} must be divisible by --num_heads {args.num_heads} and by 4")
-    return args
+    add(g, "--recipe", "a paper's recipe: optimiser, schedule, epochs, batch, image size, augmentation",
+        choices=tuple(RECIPES))
+    add(g, "--output_dir", "run directory (default: outputs/cape/<model>-split<N>-<K>shot-<time>)")
+    add(g, "--resume", "auto (the newest run with the same settings), a run directory, or a checkpoint file; "
+                       "with --eval_only, the checkpoint to evaluate")
+    add(g, "--logger", "tensorboard, or wandb (TensorBoard plus Weights & Biases)", choices=("tensorboard", "wandb"))
+    add(g, "--log_interval", "optimizer steps between train log points", type=int)
+    add(g, "--keep_last_checkpoints", "step checkpoints kept (best.pt is kept apart); 0 keeps all", type=int)
+    add(g, "--max_nonfinite_steps", "stop after this many non-finite steps in a row", type=int)
+    g = p.add_argument_group("evaluation only")
+    add(g, "--eval_only", "evaluate the checkpoint --resume names with the papers' protocol; no training",
+        action=on_off)
+    add(g, "--eval_set", "which unseen categories", choices=("val", "test"))
+    add(g, "--predictions_out", "one JSON line per evaluated query (category_id, support_ids, query_id, pred, pck)")
+    add(g, "--report_out", "where pck_report.json goes (default: beside --predictions_out, else the current folder)")
+    return p
 
 
-@dataclass(frozen=True)
+# ---- settings ---------------------------------------------------------------------------------------
+
+def resolve_settings(argv: list[str] | None, rank: Dist) -> tuple[argparse.Namespace, Plan, torch.device]:
+    """Merge defaults, hardware profile, recipe and command line; validate; take the device decision.
+
+    Raises:
+        ConfigError, DeviceError, CapeModelError: a bad setting, in one line.
+    """
+    parsed = vars(build_parser().parse_args(argv))
+    cli = {k: v for k, v in parsed.items() if v is not None}
+    recipe_name = cli.get("recipe")
+    recipe = [(f"recipe {recipe_name}", dict(get_recipe(recipe_name).flags))] if recipe_name else []
+    prelim, _ = merge_layers([("defaults", DEFAULTS), *recipe, ("command line", cli)])
+    device_choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else prelim["device"])
+    device = device_choice.device
+    decisions = {"device": Decision(f"{device} - {describe(device)}", device_choice.reason)}
+    name, knobs, reason = resolve_hardware_profile(prelim["hardware"], device)
+    profile = {"batch_size": knobs["batch_size"] * knobs["accumulation_steps"],
+               "accumulation_steps": knobs["accumulation_steps"], "num_workers": knobs["num_workers"]}
+    decisions["hardware profile"] = Decision(name, reason)
+    merged, sources = merge_layers([("defaults", DEFAULTS), (f"hardware profile {name}", profile), *recipe,
+                                    ("command line", cli)])
+    merged["lr_steps"] = list(merged["lr_steps"])
+    args = argparse.Namespace(**main_decides(merged, rank))
+    check_settings(args)
+    if args.cudnn_deterministic:
+        args.cudnn_benchmark = False
+    amp = amp_policy(device, args.use_amp)
+    decisions.update({"precision": Decision(str(amp.dtype).removeprefix("torch.") if amp.dtype else "float32",
+                                            amp.reason),
+                      "processes": Decision(rank.world_size, "torchrun" if rank.world_size > 1 else "single process")})
+    return args, Plan(vars(args), sources, decisions, defaults=DEFAULTS), device
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """Ranges of every flag, checked before anything is loaded.
+
+    Raises:
+        ConfigError: naming the flag, its value and the allowed range.
+    """
+    def need(ok: bool, flag: str, rule: str) -> None:
+        if not ok:
+            raise ConfigError(f"--{flag} {getattr(args, flag)!r} is out of range: {rule}")
+
+    need(args.split in range(1, 6), "split", "MP-100 has splits 1..5")
+    need(32 <= args.image_size <= 1024 and args.image_size % 32 == 0, "image_size", "a multiple of 32 in 32..1024")
+    for flag, high in (("shots", 100), ("queries", 256), ("eval_queries", 256), ("epochs", 10**6),
+                       ("batch_size", 4096), ("accumulation_steps", 4096), ("val_interval", 10**6),
+                       ("log_interval", 10**9), ("max_nonfinite_steps", 10**9)):
+        need(1 <= getattr(args, flag) <= high, flag, f"1..{high}")
+    need(1 <= args.val_episodes_per_category <= 100, "val_episodes_per_category",
+         "1..100 (the protocol draws 100; fewer keeps the first of each category)")
+    need(1 <= args.test_episodes_per_category <= 200, "test_episodes_per_category",
+         "1..200 (the protocol draws 200; fewer keeps the first of each category)")
+    for flag in ("num_workers", "lr_warmup_steps", "episodes_per_epoch", "keep_last_checkpoints", "seed"):
+        need(getattr(args, flag) >= 0, flag, "0 or more")
+    need(args.batch_size % args.accumulation_steps == 0, "batch_size",
+         f"must be divisible by --accumulation_steps {args.accumulation_steps} (episodes per micro-batch)")
+    for flag in ("lr", "weight_decay", "clip_max_norm", "heatmap_weight", "aug_scale", "aug_rotation", "aug_colour"):
+        need(0 <= getattr(args, flag) < 1e6, flag, "0 or more")
+    for flag in ("lr_warmup_ratio", "lr_min_ratio", "lr_gamma", "aug_rotation_prob"):
+        need(0 <= getattr(args, flag) <= 1, flag, "in [0, 1]")
+    need(all(s >= 0 for s in args.lr_steps), "lr_steps", "epochs, 0 or more")
+    need(args.aug_scale < 1, "aug_scale", "below 1 (a crop scale of 1 - s must stay positive)")
+    if args.eval_only and not args.resume:
+        raise ConfigError("--eval_only needs --resume CHECKPOINT: the model to evaluate")
+
+
+# ---- precision --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
 class AmpPolicy:
-    """Autocast dtype (None = fp32), whether fp16 gradients need a GradScaler, and why (for the startup log)."""
+    """Autocast dtype (None = fp32), whether fp16 gradients need a GradScaler, and why (for the run log)."""
 
     dtype: torch.dtype | None
     use_scaler: bool
@@ -116,308 +255,409 @@ def amp_policy(device: torch.device, use_amp: bool) -> AmpPolicy:
     return AmpPolicy(None, False, f"off: {why}, and fp16 on a CPU is slower than fp32")
 
 
-def apply_hardware_profile(args: argparse.Namespace, device: torch.device) -> str:
-    """Fill batch_size, accumulation_steps and num_workers the user did not set, from the hardware profile."""
-    name, knobs, reason = resolve_hardware_profile(args.hardware, device)
-    for key in ("batch_size", "accumulation_steps", "num_workers"):
-        if getattr(args, key) is None:
-            setattr(args, key, int(knobs[key]))
-    return (f"hardware profile: {name} ({reason}): batch_size={args.batch_size} "
-            f"accumulation_steps={args.accumulation_steps} num_workers={args.num_workers}")
-
-
-def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Linear warmup to 1 over ``warmup`` steps, then cosine decay to ``min_ratio`` at ``total``."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
+# ---- one step, one evaluation ------------------------------------------------------------------------
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     non_blocking = device.type == "cuda"  # pinned host memory only exists for CUDA
     return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
 
 
-def run_model(model: CapeModel, batch: dict[str, torch.Tensor], amp: AmpPolicy, device: torch.device) -> dict[str, torch.Tensor]:
+def run_model(model, batch: dict[str, torch.Tensor], amp: AmpPolicy, device: torch.device) -> dict[str, torch.Tensor]:
     with torch.autocast(device.type, dtype=amp.dtype or torch.float32, enabled=amp.dtype is not None):
         return model(batch["support_image"], batch["support_keypoints"], batch["support_visible"],
-                     batch["query_image"], batch["keypoint_mask"])
+                     batch["query_image"], batch["keypoint_mask"], batch["adjacency"])
 
 
-def train_step(model: CapeModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-               micro_batches: list[dict[str, torch.Tensor]], amp: AmpPolicy, device: torch.device,
-               clip_max_norm: float, heatmap_weight: float, rank: Dist = Dist()) -> dict[str, float] | None:
-    """One optimizer step over ``micro_batches`` (host tensors from :func:`collate_episodes`; gradient
-    accumulation, one micro-batch on the device at a time). Returns the mean loss parts, or None when
-    the loss or the gradient norm was not finite (the step is skipped, weights untouched).
+def train_step(model, loss_fn, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+               micro_batches: list[dict[str, torch.Tensor]], amp: AmpPolicy, device: torch.device, args,
+               rank: Dist = Dist()) -> tuple[dict[str, float], list[str]]:
+    """Forward and backward over ``micro_batches`` (gradient accumulation, one on the device at a time), then clip.
 
-    fp16 gradients are unscaled before clipping, so ``clip_max_norm`` applies to the true gradient.
+    Returns the mean loss parts and the names of what went non-finite (the loss, or gradients; empty when the
+    step may be applied). fp16 gradients are unscaled before clipping, so ``clip_max_norm`` applies to the
+    true gradient; with a GradScaler, overflowing gradients are its business and only the loss is checked.
     Under torchrun ``model`` is the DDP wrapper: gradients are averaged across ranks in backward.
     """
     optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
+    losses = []
     for batch in micro_batches:
         batch = to_device(batch, device)
-        out = run_model(model, batch, amp, device)
-        mask = supervised_mask(batch["query_visible"], batch["support_visible"], batch["keypoint_mask"])
-        loss, parts = cape_loss(out, batch["query_keypoints"], mask, heatmap_weight)
-        if any_rank(not torch.isfinite(loss).item(), rank):  # every rank skips, or DDP's all-reduce would hang
-            optimizer.zero_grad(set_to_none=True)
-            return None
+        loss, parts = loss_fn(run_model(model, batch, amp, device), batch, heatmap_weight=args.heatmap_weight)
         scaled = loss / len(micro_batches)
         (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        losses.append(loss.detach())
         for k, v in {"loss": loss.detach(), **parts}.items():
             totals[k] = totals.get(k, 0.0) + float(v) / len(micro_batches)
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_max_norm if clip_max_norm > 0 else float("inf"))
+    checked = {"loss": torch.stack(losses)}
+    if scaler is None:
+        checked.update({f"gradient of {n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
+    culprits = nonfinite_names(checked, rank)
+    if not culprits:
+        totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, args.clip_max_norm or float("inf")))
+    return totals, culprits
+
+
+def apply_step(optimizer, scaler, schedule: LRSchedule, step: int) -> None:
+    """Set this update's lr and step (through the GradScaler, which skips an overflowing fp16 update itself)."""
+    for group in optimizer.param_groups:
+        group["lr"] = schedule.lr(step)
     if scaler is not None:
-        scaler.step(optimizer)  # skips the update itself when fp16 gradients overflowed
+        scaler.step(optimizer)
         scaler.update()
-    elif not torch.isfinite(grad_norm):
-        optimizer.zero_grad(set_to_none=True)
-        return None
     else:
         optimizer.step()
-    totals["grad_norm"] = float(grad_norm)
-    return totals
 
 
 @torch.no_grad()
-def evaluate(model: CapeModel, loader: DataLoader, amp: AmpPolicy, device: torch.device, image_size: int,
-             desc: str) -> dict[str, float]:
-    """PCK@0.2 of the model (last decoder layer) and of the copy-support baseline over a fixed episode set.
+def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, device: torch.device, args,
+             desc: str) -> tuple[EpisodeEvaluator, EpisodeEvaluator, tuple | None]:
+    """Score the model (last decoder layer) and the copy-support baseline with the papers' protocol.
 
-    Returns ``PCK@0.2`` and ``copy_support_PCK@0.2`` in percent (mean over queries, see utils/eval/pck.py) and ``queries``.
+    Returns the two evaluators (``pck()`` is the split's number, a fraction) and the first batch with its
+    predictions, for pictures.
     """
+    was_training = model.training
     model.eval()
-    acc, base = PCKAccumulator(0.2), PCKAccumulator(0.2)
+    ours, baseline = EpisodeEvaluator(split, args.shots), EpisodeEvaluator(split, args.shots)
+    first = None
     for batch in tqdm(loader, desc=desc, leave=False, dynamic_ncols=True):
         # Scoring runs on the host in float64 (MPS has no float64); only the model runs on the device.
         pred = run_model(model, to_device(batch, device), amp, device)["refined"][-1].float().cpu()
-        mask = evaluation_mask(batch["query_visible"], batch["support_visible"], batch["keypoint_mask"])
-        gt, size, to_orig = batch["query_keypoints_orig"], batch["query_bbox_size"], batch["query_crop_to_orig"]
-        acc.update(crop_to_original(pred, to_orig, image_size), gt, size, mask)
+        to_orig = batch["query_crop_to_orig"]
+        ours.update_batch(batch, crop_to_original(pred, to_orig, args.image_size))
         copy = copy_support_baseline(batch["support_keypoints"], batch["support_visible"], pred.shape[1])
-        base.update(crop_to_original(copy, to_orig, image_size), gt, size, mask)
-    model.train()
-    return {"PCK@0.2": acc.value(), "copy_support_PCK@0.2": base.value(), "queries": acc.queries}
+        baseline.update_batch(batch, crop_to_original(copy, to_orig, args.image_size))
+        if first is None:
+            first = (batch, pred)
+    model.train(was_training)
+    return ours, baseline, first
 
 
-def resume_command(checkpoint: Path) -> str:
-    argv = sys.argv[1:]
-    kept, skip = [], False
-    for a in argv:  # drop an earlier --resume so the line stays copy-pastable
-        if skip:
-            skip = False
-            continue
-        if a == "--resume":
-            skip = True
-            continue
-        if not a.startswith("--resume="):
-            kept.append(a)
-    return shlex.join([sys.executable, "-m", "models.train_cape_episodic", *kept, "--resume", str(checkpoint)])
+# ---- checkpoints -----------------------------------------------------------------------------------------
+
+def model_record(name: str, model) -> dict:
+    return {"model": name, **dataclasses.asdict(model.cfg)}
 
 
-def save_checkpoint(path: Path, model, optimizer, scaler, scheduler, state: dict, args, cfg: CapeConfig) -> None:
-    atomic_save({
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": capture_rng_state(),
-        "model_config": asdict(cfg), "args": {k: v for k, v in vars(args).items()}, **state,
-    }, path)
+def build_from_record(record: dict):
+    """The model and loss a checkpoint's ``model_config`` describes."""
+    settings = dict(record)
+    return build_model(settings.pop("model"), **settings)
 
 
-def make_loader(dataset: EpisodeDataset, batch_size: int, num_workers: int, device: torch.device) -> DataLoader:
-    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                      collate_fn=collate_episodes, pin_memory=device.type == "cuda", drop_last=False)
-
-
-def load_resume_state(path: Path, model, optimizer, scheduler, scaler, cfg: CapeConfig, device: torch.device) -> dict:
-    """Restore a ``last.pt``/``best.pt`` written by this trainer; returns its progress state.
+def save_checkpoint(run: RunDirectory, name: str, model, optimizer, scaler, state: dict, args, guard) -> Path:
+    """Write ``name`` (``step_<N>.pt`` or ``best.pt``) atomically with everything a bitwise resume needs.
 
     Raises:
-        CheckpointError: the file is missing, corrupt or unsafe, was written by another model configuration, or lacks keys.
+        CheckpointWriteError: the write failed (the previous checkpoint is intact).
+    """
+    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+               "scaler": scaler.state_dict() if scaler is not None else None, "rng": capture_rng_state(),
+               "model_config": model_record(args.model, model), "args": vars(args), "run_id": run.run_id,
+               "nonfinite_total": guard.total, **state}
+    if name == "best.pt":
+        return atomic_save(payload, run.claim_best(name))
+    path = atomic_save(payload, run.claim_checkpoint(name))
+    run.prune(args.keep_last_checkpoints)
+    return path
+
+
+def restore(path: Path, model, optimizer, scaler, guard, args, device: torch.device) -> dict:
+    """Restore a checkpoint of this trainer into the live objects; returns its progress state.
+
+    Raises:
+        CheckpointError: missing, corrupt or unsafe, another model configuration, or not this trainer's.
     """
     ckpt = safe_load(path, map_location=device)
     try:
-        if ckpt["model_config"] != asdict(cfg):
-            raise CheckpointError(f"{path} holds a model {ckpt['model_config']}, but the flags build {asdict(cfg)}; "
-                                  "pass the same model flags as the run that wrote it")
+        if ckpt["model_config"] != model_record(args.model, model):
+            raise CheckpointError(f"{path} holds a model {ckpt['model_config']}, but the settings build "
+                                  f"{model_record(args.model, model)}; resume with the settings of the run that wrote it")
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
         if scaler is not None and ckpt["scaler"] is not None:
             scaler.load_state_dict(ckpt["scaler"])
         restore_rng_state(ckpt["rng"])
+        guard.total = int(ckpt.get("nonfinite_total", 0))
         return {k: ckpt[k] for k in ("epoch", "episode", "step", "best_val_pck")}
     except KeyError as e:
-        raise CheckpointError(f"{path} lacks {e}; it was not written by models.train_cape_episodic") from e
+        raise CheckpointError(f"{path} lacks {e}; it was not written by models.train_cape_episodic") from None
 
 
-def train(args: argparse.Namespace, rank: Dist) -> int:
-    """The whole run: setup, epochs of episodic training with validation, then the test. Returns the exit code.
+def open_run(args, plan: Plan) -> tuple[RunDirectory, Path | None]:
+    """Rank 0: claim the run directory and find the checkpoint to resume from (see pretrain.open_run's rules).
 
     Raises:
-        DeviceError, MP100FormatError, CheckpointError: bad --device, data or checkpoint (main prints them).
+        CheckpointError, RunDirError: as for pretrain.py.
     """
-    device = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else args.device).device
-    say = print if rank.is_main else (lambda *a, **k: None)  # only rank 0 talks, logs and writes
-    hardware_note = apply_hardware_profile(args, device)
+    fingerprint = settings_fingerprint(plan.settings, RUN_CONTROL)
+    explicit = Path(args.resume) if args.resume and args.resume != "auto" else None
+    if explicit is not None and not explicit.exists():
+        raise CheckpointError(f"--resume {args.resume}: no such file or directory")
+    if args.output_dir:
+        path = Path(args.output_dir)
+    elif explicit is not None:
+        path = explicit if explicit.is_dir() else explicit.parent
+    else:
+        parent = Path("outputs/cape")
+        found = find_matching_run(parent, "cape", fingerprint) if args.resume == "auto" else None
+        path = found or parent / f"{args.model}-split{args.split}-{args.shots}shot-{time.strftime('%Y%m%d-%H%M%S')}"
+    run = RunDirectory.claim(path, trainer="cape", fingerprint=fingerprint, resuming=bool(args.resume),
+                             resume_hint=f"add --resume auto --output_dir {path}")
+    if explicit is not None and explicit.is_file():
+        return run, explicit
+    candidates = run.checkpoints() if explicit is None or explicit.resolve() == run.path.resolve() \
+        else recorded_checkpoints(explicit)
+    found = newest_loadable(reversed(candidates))
+    if found is None and explicit is not None:
+        raise CheckpointError(f"--resume {args.resume}: no valid step_<N>.pt checkpoint there")
+    return run, None if found is None else found[0]
+
+
+def resume_command(run_path: Path) -> str:
+    argv, kept, skip = sys.argv[1:], [], False
+    for a in argv:  # drop earlier --resume/--output_dir so the line stays copy-pastable
+        if skip:
+            skip = False
+        elif a in ("--resume", "--output_dir"):
+            skip = True
+        elif not a.startswith(("--resume=", "--output_dir=")):
+            kept.append(a)
+    return shlex.join(["python", "-m", "models.train_cape_episodic", *kept, "--resume", "auto",
+                       "--output_dir", str(run_path)])
+
+
+# ---- data -------------------------------------------------------------------------------------------------
+
+def make_loader(dataset: EpisodeDataset, batch_size: int, args, device: torch.device, seed: int) -> DataLoader:
+    """Episodes in order; its own generator, so making an iterator never draws from the global RNG (which
+    dropout uses): a run resumed mid-epoch then continues bitwise."""
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=args.num_workers,
+                      collate_fn=collate_episodes, pin_memory=device.type == "cuda", drop_last=False,
+                      generator=torch.Generator().manual_seed(seed))
+
+
+def eval_loader(split: MP100Split, subset: str, args, device: torch.device) -> DataLoader:
+    per_category = args.val_episodes_per_category if subset == "val" else args.test_episodes_per_category
+    episodes = protocol_episodes(split, args.shots, queries=args.eval_queries, first=per_category)
+    dataset = EpisodeDataset(split, EpisodeSampler(split, args.shots, args.eval_queries), args.image_size, None,
+                             fixed=episodes)
+    return make_loader(dataset, max(1, args.batch_size // args.accumulation_steps), args, device, args.seed)
+
+
+# ---- evaluation only ---------------------------------------------------------------------------------------
+
+def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
+    """``--eval_only``: score the checkpoint ``--resume`` names on ``--eval_set`` with the papers' protocol;
+    write the predictions file and ``pck_report.json``, print the per-category table."""
+    if rank.world_size > 1:
+        raise ConfigError("--eval_only runs in one process; start it without torchrun")
+    checkpoint = Path(args.resume)
+    payload = safe_load(checkpoint, map_location="cpu")
+    if not isinstance(payload, dict) or "model_config" not in payload or "model" not in payload:
+        raise CheckpointError(f"{checkpoint} was not written by models.train_cape_episodic (no model_config)")
+    model, _ = build_from_record(payload["model_config"])
+    model.load_state_dict(payload["model"])
+    model.to(device)
+    args.model, args.image_size = payload["model_config"]["model"], payload["model_config"]["image_size"]
+    split = load_split(annotation_path(args.data_root, args.split, args.eval_set), Path(args.data_root) / "images")
+    amp = amp_policy(device, args.use_amp)
+    plan.log()
+    ours, baseline, _ = evaluate(model, split, eval_loader(split, args.eval_set, args, device), amp, device, args,
+                                 args.eval_set)
+    print(ours.format_table())
+    print(f"copy-the-support baseline: {100 * baseline.pck():.2f}")
+    if args.predictions_out:
+        ours.write_predictions(args.predictions_out)
+        log.info("predictions: %s (%d queries)", args.predictions_out, len(ours.records))
+    report = Path(args.report_out) if args.report_out else (
+        Path(args.predictions_out).parent if args.predictions_out else Path(".")) / "pck_report.json"
+    ours.write_report(report)
+    log.info("report: %s", report)
+    return 0
+
+
+# ---- training -----------------------------------------------------------------------------------------------
+
+def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
+    args, plan, device = resolve_settings(argv, rank)
     if args.cudnn_deterministic:
-        args.cudnn_benchmark = False
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
-        torch.use_deterministic_algorithms(True, warn_only=True)  # warn_only: some upsampling backwards have no deterministic kernel
+        torch.use_deterministic_algorithms(True, warn_only=True)  # some upsampling backwards have no deterministic kernel
         torch.backends.cudnn.deterministic = True
     configure_backends(device, cudnn_benchmark=args.cudnn_benchmark)
+    if args.eval_only:
+        return evaluate_only(args, plan, device, rank)
     torch.manual_seed(args.seed)
     amp = amp_policy(device, args.use_amp)
-    say(f"device: {device} ({describe(device)})")
-    say(f"AMP: {amp.reason}; cudnn.benchmark: {'on' if device.type == 'cuda' and args.cudnn_benchmark else 'off'}"
-          f"{'; deterministic algorithms' if args.cudnn_deterministic else ''}")
-    say(hardware_note)
 
     splits = load_mp100(args.data_root, args.split)
-    samplers = {s: EpisodeSampler(splits[s], args.shots, args.queries if s == "train" else args.eval_queries) for s in splits}
-    say(f"data: {args.data_root} split {args.split}: " + ", ".join(
-        f"{s} {len(samplers[s].category_ids)} categories / {sum(len(splits[s].instances[c]) for c in samplers[s].category_ids)} instances"
-        for s in splits))
-
-    cfg = CapeConfig(args.backbone, args.hidden_dim, args.num_heads, args.num_decoder_layers, 4 * args.hidden_dim, args.dropout)
-    model = CapeModel(cfg)
-    if args.backbone_weights:
-        load_backbone_weights(model.backbone, args.backbone_weights)
-        say(f"backbone weights: {args.backbone_weights}")
+    overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
+    model, loss_fn = build_model(args.model, image_size=args.image_size, **overrides)
+    plan.decisions["backbone weights"] = Decision(args.backbone_weights or "cache/random",
+                                                  init_backbone_weights(model.backbone, args.backbone_weights))
     model.to(device)
     if device.type != "mps":  # NHWC convs are faster with cuDNN and oneDNN; MPS support is patchy
         model.to(memory_format=torch.channels_last)
-    say(f"model: {args.backbone}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters")
-
-    trained = model
-    if rank.world_size > 1:
-        trained = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    episodes_per_step = args.batch_size * args.accumulation_steps
-    steps_per_epoch = max(1, args.episodes_per_epoch // episodes_per_step)
-    total_steps = args.epochs * steps_per_epoch
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_lambda(s, args.lr_warmup_steps, total_steps, args.lr_min_ratio))
+    trained = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if rank.world_size > 1 else model
+    if args.optimizer == "adam":
+        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     scaler = torch.amp.GradScaler(device.type) if amp.use_scaler else None
 
-    output_dir = Path(args.output_dir)
-    if not args.resume and (output_dir / "last.pt").exists():
-        raise CheckpointError(f"{output_dir} already holds a run; continue it with --resume {output_dir / 'last.pt'} "
-                              "or pass another --output_dir")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    state = {"epoch": 0, "episode": 0, "step": 0, "best_val_pck": -1.0}
-    if args.resume:
-        path = Path(args.resume) / "last.pt" if Path(args.resume).is_dir() else Path(args.resume)
-        state = load_resume_state(path, model, optimizer, scheduler, scaler, cfg, device)
-        say(f"resumed from {path}: epoch {state['epoch']}, episode {state['episode']}, step {state['step']}")
+    train_counts = {c: len(v) for c, v in splits["train"].instances.items() if len(v) >= args.shots + args.queries}
+    episodes = args.episodes_per_epoch or max(1, reference_epoch_queries(train_counts) // args.queries)
+    steps_per_epoch = max(1, episodes // args.batch_size)
+    total_steps = args.epochs * steps_per_epoch
+    schedule = LRSchedule(args.lr, args.lr_warmup_steps, total_steps, kind=args.lr_schedule,
+                          min_ratio=args.lr_min_ratio, milestones=tuple(e * steps_per_epoch for e in args.lr_steps),
+                          gamma=args.lr_gamma, warmup_ratio=args.lr_warmup_ratio)
+    guard = NonFiniteGuard(args.max_nonfinite_steps, "a lower --lr, --clip_max_norm > 0, or --no-use_amp")
 
-    def checkpoint(name: str) -> Path:
-        path = output_dir / name
+    run, resume_path = None, None
+    if rank.is_main:
+        run, resume_path = open_run(args, plan)
+        run.check_storage(3 * sum(p.numel() * p.element_size() for p in model.parameters()))
+    run_path, resume_path = main_decides((None if run is None else run.path, resume_path), rank)
+    state = {"epoch": 0, "episode": 0, "step": 0, "best_val_pck": -1.0}
+    if resume_path is not None:
+        state = restore(resume_path, model, optimizer, scaler, guard, args, device)
+    if rank.is_main:
+        plan.log()
+        log.info("data: %s split %d: %s", args.data_root, args.split, ", ".join(
+            f"{s} {len(splits[s].categories)} categories / {sum(map(len, splits[s].instances.values()))} instances"
+            for s in splits))
+        log.info("model: %s, %.1fM parameters; %d episodes per epoch, %d optimizer steps", args.model,
+                 sum(p.numel() for p in model.parameters()) / 1e6, episodes, total_steps)
+        log.info("run directory: %s (run %s)%s", run.path, run.run_id,
+                 f"; resumed from {resume_path} at step {state['step']}" if resume_path else "")
+        plan.save(run.path / "plan.yaml")
+    command = resume_command(run_path)
+    micro = args.batch_size // args.accumulation_steps  # episodes per micro-batch, over all ranks
+    if micro % rank.world_size:
+        raise ConfigError(f"--batch_size {args.batch_size} / --accumulation_steps {args.accumulation_steps} = {micro} "
+                          f"episodes per micro-batch cannot be split over {rank.world_size} processes")
+    train_ds = EpisodeDataset(splits["train"], EpisodeSampler(splits["train"], args.shots, args.queries), args.image_size,
+                              Augmentation(args.aug_scale, args.aug_rotation, args.aug_rotation_prob, args.aug_colour),
+                              args.seed, num_episodes=steps_per_epoch * args.batch_size // rank.world_size,
+                              rank=rank.rank, world_size=rank.world_size)
+    val_loader = eval_loader(splits["val"], "val", args, device) if rank.is_main else None
+
+    def checkpoint(name: str) -> Path | None:
+        path = None
         if rank.is_main:
-            save_checkpoint(path, model, optimizer, scaler, scheduler, state, args, cfg)
+            try:
+                path = save_checkpoint(run, name, model, optimizer, scaler, state, args, guard)
+            except CheckpointWriteError as e:
+                raise CheckpointWriteError(f"{e}; " + (f"resume with: {command}" if run.checkpoints()
+                                                       else "no checkpoint of this run exists yet")) from None
         if rank.world_size > 1:
             dist.barrier()  # the others may read it next (best.pt before the test)
         return path
 
-    train_ds = EpisodeDataset(splits["train"], samplers["train"], args.image_size, Augmentation(), args.seed,
-                              num_episodes=steps_per_epoch * episodes_per_step, rank=rank.rank, world_size=rank.world_size)
-    eval_loaders = {
-        s: make_loader(EpisodeDataset(splits[s], samplers[s], args.image_size, None,
-                                      fixed=samplers[s].fixed_episodes(n, args.eval_seed)), args.batch_size, args.num_workers, device)
-        for s, n in (("val", args.val_episodes_per_category), ("test", args.test_episodes_per_category))}
-    nonfinite_in_a_row = skipped_total = 0
     t_start = time.time()
     model.train()
-    with MetricsLogger(output_dir, tensorboard_subdir="tb", enabled=rank.is_main) as metrics, GracefulStop() as stop:
+    metrics = MetricsWriter(run_path, enabled=rank.is_main, resume_step=state["step"] if resume_path else None,
+                            logger=args.logger, run_id=run.run_id if run else None, project="cape", config=vars(args))
+    try:
         for epoch in range(state["epoch"], args.epochs):
             state["epoch"] = epoch
-            train_ds.set_epoch(epoch, start=state["episode"])
-            micro, window = [], {}
-            bar = tqdm(make_loader(train_ds, args.batch_size, args.num_workers, device), desc=f"epoch {epoch + 1}/{args.epochs}",
-                       dynamic_ncols=True, initial=state["episode"] // args.batch_size, total=steps_per_epoch * args.accumulation_steps,
-                       disable=not rank.is_main)
+            train_ds.set_epoch(epoch, start=state["episode"] // rank.world_size)
+            loader = make_loader(train_ds, micro // rank.world_size, args, device, args.seed * 100003 + epoch)
+            bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, disable=not rank.is_main,
+                       initial=state["episode"] // micro, total=steps_per_epoch * args.accumulation_steps)
+            window, batches = {}, []
             for batch in bar:
-                micro.append(batch)
-                if len(micro) < args.accumulation_steps:
+                batches.append(batch)
+                if len(batches) < args.accumulation_steps:
                     continue
-                parts = train_step(trained, optimizer, scaler, micro, amp, device, args.clip_max_norm, args.heatmap_weight, rank)
-                micro = []
-                state["episode"] += episodes_per_step
-                if parts is None:
-                    nonfinite_in_a_row += 1
-                    skipped_total += 1
-                    tqdm.write(f"step {state['step']}: non-finite loss or gradient, step skipped "
-                               f"({nonfinite_in_a_row} in a row, {skipped_total} in all)")
-                    if nonfinite_in_a_row >= MAX_NONFINITE_IN_A_ROW:
-                        say(f"error: {MAX_NONFINITE_IN_A_ROW} non-finite steps in a row; training diverged. "
-                              "Lower --lr, keep --clip_max_norm > 0, or try --no-use_amp", file=sys.stderr)
-                        return 1
-                    continue
-                nonfinite_in_a_row = 0
-                scheduler.step()
+                parts, culprits = train_step(trained, loss_fn, optimizer, scaler, batches, amp, device, args, rank)
+                batches = []
                 state["step"] += 1
+                state["episode"] += args.batch_size
+                if guard.step(state["step"], culprits, rank):
+                    apply_step(optimizer, scaler, schedule, state["step"])
                 for k, v in parts.items():
                     window[k] = window.get(k, 0.0) + v
                 window["n"] = window.get("n", 0) + 1
                 if state["step"] % args.log_interval == 0:
                     n = window.pop("n")
                     values = {f"train/{k}": v / n for k, v in window.items()}
-                    values.update({"train/lr": scheduler.get_last_lr()[0], "train/skipped_steps": skipped_total, "epoch": epoch})
+                    values.update({"train/lr": schedule.lr(state["step"]), "train/nonfinite_steps": guard.total,
+                                   "train/elapsed_s": time.time() - t_start, "epoch": epoch})
                     metrics.log(state["step"], values)
                     bar.set_postfix(loss=f"{values['train/loss']:.4f}", lr=f"{values['train/lr']:.2e}")
                     window = {}
-                if any_rank(stop.requested, rank):
-                    path = checkpoint("last.pt")
-                    say(f"stopped at step {state['step']}; checkpoint {path}\nresume with: {resume_command(path)}")
+                if any_rank(stopper.requested, rank):
+                    path = checkpoint(f"step_{state['step']}.pt")
+                    if rank.is_main:
+                        log.info("stopped at step %d (checkpoint %s); resume with: %s", state["step"], path, command)
                     return 0
             bar.close()
 
-            val = evaluate(model, eval_loaders["val"], amp, device, args.image_size, "val")
             state["epoch"], state["episode"] = epoch + 1, 0
-            improved = val["PCK@0.2"] > state["best_val_pck"]
-            if improved:
-                state["best_val_pck"] = val["PCK@0.2"]
-            metrics.log(state["step"], {"val/PCK@0.2": val["PCK@0.2"], "val/copy_support_PCK@0.2": val["copy_support_PCK@0.2"],
-                                        "epoch": epoch + 1})
-            checkpoint("last.pt")
+            improved = False
+            if (epoch + 1) % args.val_interval == 0 or epoch + 1 == args.epochs:
+                improved = validate(model, splits["val"], val_loader, amp, device, args, state, metrics, run_path,
+                                    rank, t_start)
+            checkpoint(f"step_{state['step']}.pt")
             if improved:
                 checkpoint("best.pt")
-            say(f"epoch {epoch + 1}: val PCK@0.2 {val['PCK@0.2']:.2f} (copy-support {val['copy_support_PCK@0.2']:.2f}, "
-                  f"{val['queries']} queries){' new best' if improved else ''}; {time.time() - t_start:.0f}s elapsed")
-            if any_rank(stop.requested, rank):
-                say(f"stopped after epoch {epoch + 1}\nresume with: {resume_command(output_dir / 'last.pt')}")
+            if any_rank(stopper.requested, rank):
+                if rank.is_main:
+                    log.info("stopped after epoch %d; resume with: %s", epoch + 1, command)
                 return 0
 
-        best = output_dir / "best.pt"
-        if best.is_file():
-            model.load_state_dict(safe_load(best, map_location=device)["model"])
-        test = evaluate(model, eval_loaders["test"], amp, device, args.image_size, "test")
-        metrics.log(state["step"], {"test/PCK@0.2": test["PCK@0.2"], "test/copy_support_PCK@0.2": test["copy_support_PCK@0.2"]})
-    say(f"test (unseen categories, {test['queries']} queries, best val checkpoint): PCK@0.2 {test['PCK@0.2']:.2f}, "
-          f"copy-support baseline {test['copy_support_PCK@0.2']:.2f}; {time.time() - t_start:.0f}s in all")
+        if rank.is_main:
+            test(model, splits["test"], amp, device, args, state, metrics, run_path, t_start)
+    finally:
+        metrics.close()
     return 0
 
 
+def validate(model, split, loader, amp, device, args, state, metrics, run_path: Path, rank: Dist, t_start) -> bool:
+    """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved."""
+    improved = False
+    if rank.is_main:
+        ours, baseline, first = evaluate(model, split, loader, amp, device, args, "val")
+        pck = 100 * ours.pck()
+        improved = pck > state["best_val_pck"]
+        if improved:
+            state["best_val_pck"] = pck
+        metrics.log(state["step"], {"val/PCK@0.2": pck, "val/copy_support_PCK@0.2": 100 * baseline.pck(),
+                                    "val/elapsed_s": time.time() - t_start, "epoch": state["epoch"]})
+        if first is not None:
+            image, array = pose_grid(*first)
+            pictures = run_path / "pictures"
+            pictures.mkdir(exist_ok=True)
+            image.save(pictures / f"poses_step_{state['step']}.png")
+            metrics.log_images(state["step"], {"val/poses": array})
+        log.info("epoch %d: val PCK@0.2 %.2f (copy-support %.2f, %d queries)%s; %.0fs elapsed", state["epoch"], pck,
+                 100 * baseline.pck(), len(ours.records), " new best" if improved else "", time.time() - t_start)
+    improved, state["best_val_pck"] = main_decides((improved, state["best_val_pck"]), rank)
+    return improved
+
+
+def test(model, split, amp, device, args, state, metrics, run_path: Path, t_start) -> None:
+    """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run."""
+    best = run_path / "best.pt"
+    if best.is_file():
+        model.load_state_dict(safe_load(best, map_location=device)["model"])
+    ours, baseline, _ = evaluate(model, split, eval_loader(split, "test", args, device), amp, device, args, "test")
+    metrics.log(state["step"], {"test/PCK@0.2": 100 * ours.pck(), "test/copy_support_PCK@0.2": 100 * baseline.pck()})
+    ours.write_report(run_path / "pck_report.json")
+    log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f, copy-support baseline %.2f; %.0fs in all",
+             len(ours.records), "best val checkpoint" if best.is_file() else "last weights", 100 * ours.pck(),
+             100 * baseline.pck(), time.time() - t_start)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    rank = init_distributed()
-    try:
-        code = train(args, rank)
-        if rank.world_size > 1:
-            dist.barrier()  # leave together: a rank that exits while rank 0 still writes aborts in gloo's teardown
-        return code
-    except (DeviceError, MP100FormatError, CheckpointError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        if rank.world_size > 1 and dist.is_initialized():
-            dist.destroy_process_group()
+    return run_main(lambda rank, stopper: train(argv, rank, stopper))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """Every setting and command-line flag, driven with bad values: 0, negative, the wrong type, absurdly large, a
 missing path. Each must end with exit code 2 and one ``error:`` line, never a traceback."""
 
+from pathlib import Path
+
 import pytest
 
 import evaluate
 import pretrain
 from utils.data.sudoku import main as build_sudoku_main
 from utils.run.main import cli_main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BASE = ["--config-name=cfg_pretrain_cpu", "compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
         "arch.L_layers=1", "arch.halt_max_steps=2", "arch.expansion=2", "global_batch_size=16", "epochs=2",
@@ -159,3 +163,103 @@ def test_evaluate_flag(trained_run, tmp_path, capsys, flags, fragment):
 def test_sudoku_builder_flag(tmp_path, capsys, flags, fragment):
     argv = [f.format(missing=tmp_path / "missing") for f in flags] + ["--output-dir", str(tmp_path / "out")]
     assert_one_line(capsys, exit_code(lambda: cli_main(lambda: build_sudoku_main(argv) and 0)), fragment)
+
+
+CAPE_CASES = [
+    (["--data_root", "{missing}"], "not found"),
+    (["--split", "6"], "--split 6 is out of range"),
+    (["--split", "one"], "argument --split: invalid int value"),
+    (["--image_size", "100"], "--image_size 100 is out of range"),
+    (["--image_size", "65536"], "--image_size 65536 is out of range"),
+    (["--shots", "0"], "--shots 0 is out of range"),
+    (["--queries", "-1"], "--queries -1 is out of range"),
+    (["--eval_queries", "0"], "--eval_queries 0 is out of range"),
+    (["--val_episodes_per_category", "101"], "--val_episodes_per_category 101 is out of range"),
+    (["--test_episodes_per_category", "0"], "--test_episodes_per_category 0 is out of range"),
+    (["--num_workers", "-2"], "--num_workers -2 is out of range"),
+    (["--model", "capeformer_xl"], "argument --model: invalid choice"),
+    (["--backbone", "vgg16"], "argument --backbone: invalid choice"),
+    (["--backbone_weights", "{missing}"], "does not exist"),
+    (["--hidden_dim", "30"], "hidden_dim 30 must be divisible by 4"),
+    (["--num_heads", "0"], "num_heads"),
+    (["--dropout", "many"], "argument --dropout: invalid float value"),
+    (["--epochs", "0"], "--epochs 0 is out of range"),
+    (["--episodes_per_epoch", "-1"], "--episodes_per_epoch -1 is out of range"),
+    (["--batch_size", "0"], "--batch_size 0 is out of range"),
+    (["--batch_size", "3", "--accumulation_steps", "2"], "must be divisible by --accumulation_steps 2"),
+    (["--optimizer", "sgd"], "argument --optimizer: invalid choice"),
+    (["--lr", "-1"], "--lr -1.0 is out of range"),
+    (["--weight_decay", "-0.1"], "--weight_decay -0.1 is out of range"),
+    (["--lr_schedule", "linear"], "argument --lr_schedule: invalid choice"),
+    (["--lr_warmup_steps", "-5"], "--lr_warmup_steps -5 is out of range"),
+    (["--lr_warmup_ratio", "2"], "--lr_warmup_ratio 2.0 is out of range"),
+    (["--lr_min_ratio", "-1"], "--lr_min_ratio -1.0 is out of range"),
+    (["--lr_steps", "-3"], "--lr_steps [-3] is out of range"),
+    (["--lr_gamma", "5"], "--lr_gamma 5.0 is out of range"),
+    (["--clip_max_norm", "-1"], "--clip_max_norm -1.0 is out of range"),
+    (["--heatmap_weight", "1e9"], "--heatmap_weight 1000000000.0 is out of range"),
+    (["--aug_scale", "1.5"], "--aug_scale 1.5 is out of range"),
+    (["--aug_rotation_prob", "1.5"], "--aug_rotation_prob 1.5 is out of range"),
+    (["--seed", "-1"], "--seed -1 is out of range"),
+    (["--val_interval", "0"], "--val_interval 0 is out of range"),
+    (["--device", "tpu"], "device='tpu' is not a device"),
+    (["--hardware", "gpu_4090"], "argument --hardware: invalid choice"),
+    (["--recipe", "hrnet"], "argument --recipe: invalid choice"),
+    (["--resume", "{missing}"], "no such file or directory"),
+    (["--logger", "mlflow"], "argument --logger: invalid choice"),
+    (["--log_interval", "0"], "--log_interval 0 is out of range"),
+    (["--keep_last_checkpoints", "-1"], "--keep_last_checkpoints -1 is out of range"),
+    (["--max_nonfinite_steps", "0"], "--max_nonfinite_steps 0 is out of range"),
+    (["--eval_only"], "--eval_only needs --resume CHECKPOINT"),
+    (["--eval_only", "--resume", "{empty}"], "is empty (0 bytes"),
+    (["--eval_set", "train"], "argument --eval_set: invalid choice"),
+    (["--output_dir", "{file}/run"], "cannot create run directory"),
+]
+
+
+@pytest.fixture(scope="module")
+def cape_root(tmp_path_factory):
+    from utils.data.synthetic_cape import build
+    return build(tmp_path_factory.mktemp("cape") / "synthetic", num_categories=10, instances_per_category=20,
+                 image_size=64, seed=0)
+
+
+@pytest.mark.parametrize("flags,fragment", CAPE_CASES, ids=[" ".join(c[0]) for c in CAPE_CASES])
+def test_cape_flag(cape_root, tmp_path, capsys, flags, fragment):
+    from models import train_cape_episodic as cape
+    (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    paths = dict(missing=tmp_path / "missing", file=tmp_path / "file", empty=tmp_path / "empty.pt")
+    base = ["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64",
+            "--device", "cpu", "--queries", "2", "--eval_queries", "2", "--epochs", "1", "--episodes_per_epoch", "1",
+            "--batch_size", "1", "--accumulation_steps", "1", "--num_workers", "0", "--data_root", str(cape_root)]
+    if "--output_dir" not in flags:
+        base += ["--output_dir", str(tmp_path / "run")]
+    code = exit_code(lambda: cape.main(base + [f.format(**paths) for f in flags]))
+    assert_one_line(capsys, code, fragment)
+
+
+@pytest.mark.parametrize("script,flags,fragment", [
+    ("build_maze_dataset.py", ["--generate", "--size", "1"], "--size"),
+    ("build_maze_dataset.py", ["--generate", "--train-size", "-3"], "--train-size"),
+    ("build_maze_dataset.py", ["--source-dir", "{missing}"], "not found"),
+    ("build_arc_dataset.py", ["--dataset", "arc-agi-3"], "argument --dataset: invalid choice"),
+    ("build_arc_dataset.py", ["--dataset", "arc-agi-1", "--num-aug", "-1"], "--num-aug and --seed must be >= 0"),
+    ("build_arc_dataset.py", ["--dataset", "arc-agi-1", "--max-tasks", "0"], "--max-tasks must be >= 1"),
+    ("build_arc_dataset.py", ["--dataset", "arc-agi-1", "--source-dir", "{missing}"], "is not a directory"),
+    ("build_synthetic_cape_dataset.py", ["--num-categories", "3"], "num_categories=3"),
+    ("visualize.py", ["--data-path", "{missing}", "--out", "{missing}"], "not found"),
+])
+def test_script_flag(tmp_path, capsys, script, flags, fragment):
+    import runpy
+    import sys as _sys
+    argv = [f.format(missing=tmp_path / "missing") for f in flags]
+    if script != "visualize.py" and "--output-dir" not in argv:
+        argv += ["--output-dir", str(tmp_path / "out")]
+    old = _sys.argv
+    _sys.argv = [script, *argv]
+    try:
+        code = exit_code(lambda: runpy.run_path(str(ROOT / "scripts" / script), run_name="__main__"))
+    finally:
+        _sys.argv = old
+    assert_one_line(capsys, code, fragment)

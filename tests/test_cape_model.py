@@ -19,7 +19,7 @@ from models.cape.backbone import ResNetBackbone, SwinV2Backbone
 from models.cape.capeformer import (grid_embedding, inverse_sigmoid, local_soft_argmax, msra_heatmaps,
                                     pool_support_features, sine_embedding, soft_argmax, support_order_embedding)
 from models.cape.pose_anything import GCNLayer, gcn_adjacency
-from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries, step_lr_factor
+from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
 from utils.run.checkpoint import CheckpointError
 
 TINY_SWIN = dict(window_size=4, embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
@@ -458,8 +458,8 @@ def test_recipes_hold_the_reference_configs():
     for flags in (cf, pa, pa_s):
         assert (flags["optimizer"], flags["lr"], flags["weight_decay"], flags["epochs"]) == ("adam", 1e-5, 0.0, 200)
         assert (flags["lr_steps"], flags["lr_gamma"], flags["lr_warmup_steps"]) == ((160, 180), 0.1, 1000)
-        assert (flags["image_size"], flags["queries"], flags["accumulation_steps"], flags["clip_max_norm"]) == (
-            256, 1, 1, 0.0)
+        assert (flags["image_size"], flags["queries"], flags["clip_max_norm"]) == (256, 1, 0.0)
+        assert "accumulation_steps" not in flags  # how a batch of 16 is split to fit memory is the hardware profile's
         assert (flags["heatmap_weight"], flags["use_amp"], flags["shots"]) == (2.0, False, 1)
         assert (flags["aug_scale"], flags["aug_rotation"], flags["aug_rotation_prob"], flags["aug_colour"]) == (
             0.15, 15.0, 0.6, 0.0)
@@ -474,12 +474,6 @@ def test_recipes_hold_the_reference_configs():
 
 
 def test_step_schedule_and_epoch_size_by_hand():
-    assert step_lr_factor(0, 0) == pytest.approx(0.001)
-    assert step_lr_factor(500, 0) == pytest.approx(1 - 0.5 * 0.999)
-    assert step_lr_factor(1000, 0) == 1.0
-    assert step_lr_factor(10**6, 159) == 1.0
-    assert step_lr_factor(10**6, 160) == pytest.approx(0.1)
-    assert step_lr_factor(10**6, 180) == pytest.approx(0.01)
     assert reference_epoch_queries({7: 5, 9: 12, 11: 3}) == 36
     with pytest.raises(CapeModelError):
         reference_epoch_queries({})

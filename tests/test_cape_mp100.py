@@ -307,3 +307,16 @@ def test_adjacency_drops_self_loops_and_uses_0_based_edges(tmp_path):
     item = EpisodeDataset(split, None, 32, None, fixed=[Episode(51, (0,), (1, 2))])[0]
     assert item["adjacency"].tolist() == [[False, True, False, False], [True, False, False, False],
                                           [False, False, False, True], [False, False, True, False]]
+
+
+def test_augmentation_draws_mmpose_random_scale_and_rotation():
+    aug = Augmentation()  # the papers' TopDownGetRandomScaleRotation: scale 0.15, rotation 15, probability 0.6
+    rng = np.random.default_rng(0)
+    scales, rotations = np.array([aug.sample(rng) for _ in range(4000)]).T
+    assert scales.min() >= 0.85 and scales.max() <= 1.15 and (scales == 1.15).any() and (scales == 0.85).any()
+    assert np.abs(rotations).max() <= 30 and (np.abs(rotations) == 30).any()
+    assert abs((rotations == 0).mean() - 0.4) < 0.03
+    by_hand = np.random.default_rng(5)
+    n_scale, u, n_rotation = by_hand.standard_normal(), by_hand.random(), by_hand.standard_normal()
+    expected = (np.clip(1 + 0.15 * n_scale, 0.85, 1.15), np.clip(15 * n_rotation, -30, 30) if u <= 0.6 else 0.0)
+    assert aug.sample(np.random.default_rng(5)) == pytest.approx(expected)

@@ -1,4 +1,5 @@
-"""The episodic CAPE trainer (models/train_cape_episodic.py): AMP policy, GradScaler path, skips, resume, end to end."""
+"""The episodic CAPE trainer (models/train_cape_episodic.py): precision policy, the step, settings layers, the run
+lifecycle (stop, resume bitwise, torchrun), and --eval_only with the papers' protocol end to end."""
 
 import json
 import os
@@ -12,16 +13,20 @@ import pytest
 import torch
 
 import models.train_cape_episodic as trainer
-from models.cape import CapeConfig, CapeModel
-from utils.data.synthetic_cape import build
-from utils.run.checkpoint import safe_load
+from models.cape import build_model
+from tests.test_cape_protocol import recompute_from_file, reference_episodes, write_protocol_fixture
 from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
+from utils.data.synthetic_cape import build
+from utils.distributed import Dist
+from utils.run.checkpoint import safe_load
 
-TINY = CapeConfig(backbone="resnet18", hidden_dim=32, num_heads=4, ffn_dim=64, dropout=0.0)
-TINY_FLAGS = ["--backbone", "resnet18", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64", "--device", "cpu",
-              "--shots", "1", "--queries", "2", "--eval_queries", "2", "--val_episodes_per_category", "1",
-              "--test_episodes_per_category", "1", "--batch_size", "1", "--accumulation_steps", "1", "--num_workers", "0",
-              "--log_interval", "1", "--lr_warmup_steps", "1"]
+ROOT = Path(__file__).resolve().parent.parent
+TINY = dict(backbone="resnet18", backbone_stride=16, hidden_dim=32, num_heads=4, ffn_dim=64, similarity_proj_dim=32,
+            dynamic_proj_dim=16, dropout=0.0, image_size=64)
+TINY_FLAGS = ["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64",
+              "--device", "cpu", "--shots", "1", "--queries", "2", "--eval_queries", "2",
+              "--val_episodes_per_category", "1", "--test_episodes_per_category", "1", "--batch_size", "1",
+              "--accumulation_steps", "1", "--num_workers", "0", "--log_interval", "1", "--lr_warmup_steps", "1"]
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +40,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def data_root(tmp_path_factory):
-    return build(tmp_path_factory.mktemp("synthetic_cape"), num_categories=10, instances_per_category=4, image_size=64, seed=0)
+    return build(tmp_path_factory.mktemp("synthetic_cape"), num_categories=10, instances_per_category=20,
+                 image_size=64, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +51,15 @@ def batches(data_root):
     return [collate_episodes([ds[i], ds[i + 1]]) for i in (0, 2)]
 
 
+def args_for(**overrides):
+    return trainer.argparse.Namespace(**{**trainer.DEFAULTS, "heatmap_weight": 2.0, "clip_max_norm": 1.0, **overrides})
+
+
 def test_amp_policy(monkeypatch):
     cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
     assert trainer.amp_policy(cpu, use_amp=False) == trainer.AmpPolicy(None, False, "off (--no-use_amp)")
     monkeypatch.setattr(trainer, "bf16_support", lambda d: (True, "native"))
     assert trainer.amp_policy(cuda, True).dtype == torch.bfloat16 and not trainer.amp_policy(cuda, True).use_scaler
-    assert trainer.amp_policy(cpu, True).dtype == torch.bfloat16
     monkeypatch.setattr(trainer, "bf16_support", lambda d: (False, "compute capability 7.5 < 8.0"))
     pol = trainer.amp_policy(cuda, True)  # e.g. a T4 or RTX 20xx: fp16 needs loss scaling
     assert pol.dtype == torch.float16 and pol.use_scaler and "7.5" in pol.reason
@@ -63,176 +72,200 @@ def test_amp_policy(monkeypatch):
 
 def test_fp16_step_unscales_before_clipping(monkeypatch, batches):
     """The CUDA fp16 path, run on the CPU: GradScaler.unscale_ must come before the norm clip."""
-    torch.manual_seed(0)
-    model = CapeModel(TINY)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    def step(amp, scaler):
+        torch.manual_seed(0)
+        model, loss_fn = build_model("capeformer", **TINY)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return trainer.train_step(model, loss_fn, opt, scaler, batches[:1], amp, torch.device("cpu"), args_for())
+
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
     calls = []
-    real_unscale, real_clip = scaler.unscale_, torch.nn.utils.clip_grad_norm_
+    real_unscale = scaler.unscale_
     monkeypatch.setattr(scaler, "unscale_", lambda o: (calls.append("unscale"), real_unscale(o))[1])
-
-    def clip(params, max_norm):
-        calls.append("clip")
-        return real_clip(params, max_norm)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clip)
-    before = model.offset_heads[0][0].weight.detach().clone()
-    amp = trainer.AmpPolicy(torch.float16, True, "test")
-    parts = trainer.train_step(model, opt, scaler, batches[:1], amp, torch.device("cpu"), clip_max_norm=1.0, heatmap_weight=0.2)
-    assert calls == ["unscale", "clip"]
-    assert parts is not None and parts["grad_norm"] > 0  # the unscaled norm, not 16x it
-    assert not torch.equal(before, model.offset_heads[0][0].weight)
+    real_clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda p, n: (calls.append("clip"), real_clip(p, n))[1])
+    parts, culprits = step(trainer.AmpPolicy(torch.float16, True, "test"), scaler)
+    assert calls == ["unscale", "clip"] and not culprits
+    fp32, _ = step(trainer.AmpPolicy(None, False, "off"), None)
+    assert parts["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.1)  # the true norm, not 16x it
 
 
 def test_bf16_and_fp32_steps_update_weights(batches):
     for amp in (trainer.AmpPolicy(torch.bfloat16, False, "bf16"), trainer.AmpPolicy(None, False, "off")):
         torch.manual_seed(0)
-        model = CapeModel(TINY)
+        model, loss_fn = build_model("capeformer", **TINY)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        before = model.lateral[0].weight.detach().clone()
-        parts = trainer.train_step(model, opt, None, batches, amp, torch.device("cpu"), 1.0, 0.2)
-        assert parts is not None and torch.isfinite(torch.tensor(parts["loss"]))
-        assert not torch.equal(before, model.lateral[0].weight)
+        before = model.input_proj.weight.detach().clone()
+        parts, culprits = trainer.train_step(model, loss_fn, opt, None, batches, amp, torch.device("cpu"), args_for())
+        assert not culprits and torch.isfinite(torch.tensor(parts["loss"]))
+        trainer.apply_step(opt, None, trainer.LRSchedule(1e-3, 0, 1), 1)
+        assert not torch.equal(before, model.input_proj.weight)
 
 
-def test_nonfinite_loss_skips_the_step(monkeypatch, batches):
-    model = CapeModel(TINY)
+def test_a_nonfinite_loss_is_named_and_the_step_is_not_applied(batches):
+    model, loss_fn = build_model("capeformer", **TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    before = [p.detach().clone() for p in model.parameters()]
-    monkeypatch.setattr(trainer, "cape_loss", lambda *a, **k: (torch.tensor(float("nan"), requires_grad=True), {}))
-    assert trainer.train_step(model, opt, None, batches, trainer.AmpPolicy(None, False, ""), torch.device("cpu"), 1.0, 0.2) is None
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+    def nan_loss(out, batch, heatmap_weight):
+        loss, parts = loss_fn(out, batch, heatmap_weight=heatmap_weight)
+        return loss * float("nan"), parts
+
+    _, culprits = trainer.train_step(model, nan_loss, opt, None, batches, trainer.AmpPolicy(None, False, ""),
+                                     torch.device("cpu"), args_for())
+    assert culprits[0] == "loss" and any(c.startswith("gradient of ") for c in culprits)
 
 
 @pytest.mark.slow
-def test_short_training_run_lowers_the_loss(batches):
+def test_a_short_run_lowers_the_loss(batches):
     torch.manual_seed(0)
-    model = CapeModel(TINY)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    amp = trainer.AmpPolicy(None, False, "off")
-    parts = [trainer.train_step(model, opt, None, [batches[i % 2]], amp, torch.device("cpu"), 1.0, 0.2) for i in range(20)]
-
-    def first_vs_last(key):
-        values = [p[key] for p in parts]
-        return sum(values[:4]) / 4, sum(values[-4:]) / 4
-
-    loss_start, loss_end = first_vs_last("loss")
-    l1_start, l1_end = first_vs_last("l1_refined")  # the keypoints themselves, not just the heatmap's bias
-    assert loss_end < 0.5 * loss_start and l1_end < 0.75 * l1_start, parts
+    model, loss_fn = build_model("capeformer", **TINY)
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4)
+    schedule, args, amp = trainer.LRSchedule(2e-4, 0, 1), args_for(), trainer.AmpPolicy(None, False, "")
+    losses = []
+    for step in range(1, 31):
+        parts, culprits = trainer.train_step(model, loss_fn, opt, None, batches[:1], amp, torch.device("cpu"), args)
+        trainer.apply_step(opt, None, schedule, step)
+        losses.append(parts["loss"])
+    assert losses[-1] < 0.7 * losses[0], losses
 
 
-def test_hardware_profile_fills_only_unset_knobs():
-    args = trainer.parse_args(["--batch_size", "3", "--hardware", "cpu"])
-    note = trainer.apply_hardware_profile(args, torch.device("cpu"))
-    assert args.batch_size == 3 and args.accumulation_steps >= 1 and args.num_workers >= 0 and "batch_size=3" in note
-    args = trainer.parse_args([])
-    trainer.apply_hardware_profile(args, torch.device("cpu"))
-    assert (args.batch_size, args.accumulation_steps) == (2, 8)  # the cpu profile's values fill what was not given
+# ---- settings ---------------------------------------------------------------------------------------
 
+def test_settings_layers_defaults_profile_recipe_command_line():
+    args, plan, _ = trainer.resolve_settings(["--device", "cpu", "--hardware", "gpu_16gb"], Dist())
+    assert (args.batch_size, args.accumulation_steps) == (16, 2)  # the profile fills what nothing else set
+    assert plan.sources["accumulation_steps"] == "hardware profile gpu_16gb"
+    args, plan, _ = trainer.resolve_settings(["--device", "cpu", "--hardware", "gpu_16gb", "--recipe", "capeformer"],
+                                             Dist())
+    assert (args.optimizer, args.lr, args.lr_schedule, args.lr_steps, args.epochs) == ("adam", 1e-5, "step", [160, 180], 200)
+    assert (args.batch_size, args.accumulation_steps, args.queries) == (16, 2, 1)  # recipe batch, profile's split
+    assert plan.sources["lr"] == "recipe capeformer"
+    args, plan, _ = trainer.resolve_settings(["--device", "cpu", "--recipe", "pose_anything", "--lr", "3e-5"], Dist())
+    assert (args.model, args.backbone, args.lr, args.val_interval) == ("pose_anything", "swinv2_tiny_window16_256", 3e-5, 25)
+    assert plan.sources["lr"] == "command line"
+
+
+# ---- the run lifecycle ------------------------------------------------------------------------------
 
 def read_metrics(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 @pytest.mark.slow
-def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsys):
+def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsys, caplog):
     out = tmp_path / "run"
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "2", "--episodes_per_epoch", "3",
-                          "--no-use_amp"]
+    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "2",
+                          "--episodes_per_epoch", "3", "--no-use_amp"]
     # A SIGTERM during the first step: the trainer finishes it, checkpoints and exits 0 with a resume line.
     monkeypatch.setattr(trainer.GracefulStop, "__enter__", lambda self: (setattr(self, "signal_name", "SIGTERM"), self)[1])
+    caplog.set_level("INFO")
     assert trainer.main(flags) == 0
-    assert "resume with:" in capsys.readouterr().out
-    ckpt = safe_load(out / "last.pt")
+    assert "resume with: python -m models.train_cape_episodic" in caplog.text
+    ckpt = safe_load(out / "step_1.pt")
     assert (ckpt["epoch"], ckpt["episode"], ckpt["step"]) == (0, 1, 1)
     monkeypatch.undo()
 
-    assert trainer.main(flags + ["--resume", str(out / "last.pt")]) == 0
-    text = capsys.readouterr().out
-    assert "resumed from" in text and "copy-support baseline" in text
+    caplog.clear()
+    assert trainer.main(flags + ["--resume", "auto"]) == 0
+    assert "resumed from" in caplog.text and "copy-support baseline" in caplog.text
     metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics if "train/loss" in m] == [1, 2, 3, 4, 5, 6]
     assert [m["step"] for m in metrics if "val/PCK@0.2" in m] == [3, 6]
     final = metrics[-1]
     assert set(final) == {"step", "test/PCK@0.2", "test/copy_support_PCK@0.2"} and 0 <= final["test/PCK@0.2"] <= 100
-    best = safe_load(out / "best.pt")
-    assert best["model_config"]["backbone"] == "resnet18" and best["step"] in (3, 6)
-    assert any((out / "tb").iterdir())
+    report = json.loads((out / "pck_report.json").read_text())
+    assert report["pck"] * 100 == pytest.approx(final["test/PCK@0.2"]) and report["subset"] == "test"
+    assert safe_load(out / "best.pt")["model_config"]["model"] == "capeformer_lite"
+    assert list((out / "pictures").glob("poses_step_*.png")) and any((out / "tensorboard").iterdir())
+    assert json.loads((out / "run.json").read_text())["best"] == "best.pt"
 
 
-def test_bad_inputs_give_one_line_errors(data_root, tmp_path, capsys):
-    flags = TINY_FLAGS + ["--output_dir", str(tmp_path / "run"), "--epochs", "1", "--episodes_per_epoch", "1"]
-    assert trainer.main(flags + ["--data_root", str(tmp_path / "missing")]) == 2
-    assert "build_synthetic_cape_dataset" in capsys.readouterr().err
-    assert trainer.main(flags + ["--data_root", str(data_root), "--resume", str(tmp_path / "nope.pt")]) == 2
-    assert "does not exist" in capsys.readouterr().err
-    assert trainer.main(flags + ["--data_root", str(data_root), "--device", "cuda:7"]) == 2
-    assert "error: device='cuda:7'" in capsys.readouterr().err
-    (tmp_path / "run").mkdir(exist_ok=True)
-    (tmp_path / "run" / "last.pt").write_bytes(b"")  # a finished run is never overwritten silently
-    assert trainer.main(flags + ["--data_root", str(data_root)]) == 2
-    assert "already holds a run; continue it with --resume" in capsys.readouterr().err
+def test_a_second_run_in_one_directory_is_refused(data_root, tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"run_id": "abc", "trainer": "cape", "checkpoints": []}))
+    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "1",
+                          "--episodes_per_epoch", "1"]
+    assert trainer.main(flags) == 2
+    assert "already holds run abc" in capsys.readouterr().err
 
 
 def test_ten_nonfinite_steps_in_a_row_stop_training(monkeypatch, data_root, tmp_path, capsys):
-    monkeypatch.setattr(trainer, "cape_loss", lambda *a, **k: (torch.tensor(float("inf"), requires_grad=True), {}))
+    monkeypatch.setattr(trainer, "nonfinite_names", lambda tensors, rank: ["loss"])
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "12", "--no-use_amp"]
     assert trainer.main(flags) == 1
-    captured = capsys.readouterr()
-    assert "10 non-finite steps in a row" in captured.err and "10 in a row" in captured.err + captured.out
+    assert "stopping at step 10: 10 non-finite steps in a row (last: loss)" in capsys.readouterr().err
 
 
 def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, data_root, tmp_path):
-    calls = []
+    calls, backends = [], []
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)  # restored after
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda mode, warn_only=False: calls.append((mode, warn_only)))
-    monkeypatch.setattr(trainer, "train_step", lambda *a, **k: None)  # stop at once: only the setup matters here
-    monkeypatch.setattr(trainer, "MAX_NONFINITE_IN_A_ROW", 1)
-    backends = []
     monkeypatch.setattr(trainer, "configure_backends", lambda device, cudnn_benchmark: backends.append(cudnn_benchmark))
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "1", "--cudnn_deterministic"]
-    assert trainer.main(flags) == 1
+    assert trainer.main(flags) == 0
     assert calls == [(True, True)] and backends == [False]
 
 
-@pytest.mark.slow
-def test_kill_9_then_resume_is_bitwise_identical(data_root, tmp_path):
-    root = Path(__file__).resolve().parent.parent
+def spawn(data_root, out, *extra, epochs=2):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", str(epochs),
+                          "--episodes_per_epoch", "4", "--no-use_amp", "--cudnn_deterministic",
+                          "--keep_last_checkpoints", "0", *extra]
+    return subprocess.Popen([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def spawn(out, *extra):
-        flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "2",
-                              "--episodes_per_epoch", "4", "--no-use_amp", "--cudnn_deterministic", *extra]
-        return subprocess.Popen([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=root, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    straight = spawn(tmp_path / "straight")
-    killed = spawn(tmp_path / "killed")
-    last = tmp_path / "killed" / "last.pt"
-    deadline = time.time() + 240
-    while not last.exists():  # the first checkpoint is written at the end of epoch 1
-        assert killed.poll() is None, killed.stdout.read()
-        assert time.time() < deadline, "no checkpoint within 240 s"
-        time.sleep(0.05)
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, f"no {path} within {timeout} s"
+        time.sleep(0.02)
+
+
+def assert_same_state(a: Path, b: Path) -> None:
+    ca, cb = safe_load(a), safe_load(b)
+    assert ca["step"] == cb["step"]
+    for k, v in ca["model"].items():
+        assert torch.equal(v, cb["model"][k]), f"weights differ at {k}"
+    for i, s in ca["optimizer"]["state"].items():
+        for k, v in s.items():
+            assert torch.equal(v, cb["optimizer"]["state"][i][k]), f"optimizer state {i}.{k} differs"
+
+
+@pytest.mark.slow
+def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(data_root, tmp_path):
+    straight = spawn(data_root, tmp_path / "straight")
+    assert straight.wait(timeout=300) == 0, straight.stdout.read()
+
+    # SIGINT in the middle of epoch 2 (after step 5 of 8): a mid-epoch checkpoint, then a resume.
+    stopped = spawn(data_root, tmp_path / "stopped")
+    wait_for(tmp_path / "stopped" / "step_4.pt", stopped)
+    metrics = tmp_path / "stopped" / "metrics.jsonl"
+    while not any(json.loads(line)["step"] == 5 for line in metrics.read_text().splitlines()):
+        assert stopped.poll() is None
+        time.sleep(0.02)
+    stopped.send_signal(signal.SIGINT)
+    out, _ = stopped.communicate(timeout=120)
+    assert stopped.returncode == 0 and "resume with:" in out, out
+    mid = [p for p in (tmp_path / "stopped").glob("step_*.pt") if p.name not in ("step_4.pt", "step_8.pt")]
+    assert len(mid) == 1 and 4 < safe_load(mid[0])["step"] < 8 and safe_load(mid[0])["episode"] > 0
+
+    # kill -9 after the end of epoch 1: the resume replays epoch 2 from the last checkpoint.
+    killed = spawn(data_root, tmp_path / "killed")
+    wait_for(tmp_path / "killed" / "step_4.pt", killed)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
-    assert safe_load(last)["epoch"] == 1
-    assert straight.wait(timeout=300) == 0, straight.stdout.read()
-    resumed = spawn(tmp_path / "killed", "--resume", str(last))
-    out, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, out
 
-    a, b = safe_load(tmp_path / "straight" / "last.pt"), safe_load(last)
-    assert a["step"] == b["step"] == 8
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), f"weights differ at {k}"
-    for i, s in a["optimizer"]["state"].items():
-        for k, v in s.items():
-            assert torch.equal(v, b["optimizer"]["state"][i][k]), f"optimizer state {i}.{k} differs"
+    for run in ("stopped", "killed"):
+        resumed = spawn(data_root, tmp_path / run, "--resume", "auto")
+        out, _ = resumed.communicate(timeout=300)
+        assert resumed.returncode == 0 and "resumed from" in out, out
+        assert_same_state(tmp_path / "straight" / "step_8.pt", tmp_path / run / "step_8.pt")
 
 
 def test_ranks_partition_the_single_process_episode_stream(data_root):
@@ -246,18 +279,82 @@ def test_ranks_partition_the_single_process_episode_stream(data_root):
             assert a["category_id"] == b["category_id"] and (a["query_image"] == b["query_image"]).all()
 
 
-@pytest.mark.slow
-def test_two_process_torchrun_smoke(data_root, tmp_path):
-    out = tmp_path / "run"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HRM_DIST_TIMEOUT_MIN="1")
+SCRIPTED_VALIDATION = """
+import sys
+sys.path.insert(0, {root!r})
+import models.train_cape_episodic as trainer
+real, scores = trainer.evaluate, iter([0.5, 0.4, 0.6])  # improves, does not, improves
+def evaluate(*args, **kwargs):
+    ours, baseline, first = real(*args, **kwargs)
+    if args[-1] == "val":
+        score = next(scores)
+        ours.pck = lambda: score
+    return ours, baseline, first
+trainer.evaluate = evaluate
+sys.exit(trainer.main(sys.argv[1:]))
+"""
+
+
+def torchrun(script, data_root, out, *extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HRM_DIST_TIMEOUT_MIN="2")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", "localhost:0", "-m", "models.train_cape_episodic", *TINY_FLAGS, "--data_root", str(data_root),
-           "--output_dir", str(out), "--epochs", "2", "--episodes_per_epoch", "4"]
-    result = subprocess.run(cmd, cwd=Path(__file__).resolve().parent.parent, env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("epoch 2: val PCK@0.2") == 1  # rank 0 alone reports
-    metrics = read_metrics(out / "metrics.jsonl")
-    train_steps = [m["step"] for m in metrics if "train/loss" in m]
-    assert train_steps == sorted(set(train_steps)) == list(range(1, 9))  # no duplicate lines from rank 1
-    assert metrics[-1]["test/PCK@0.2"] >= 0 and safe_load(out / "last.pt")["step"] == 8
+           "--rdzv-endpoint", "localhost:0", *script, *TINY_FLAGS, "--data_root", str(data_root),
+           "--output_dir", str(out), "--episodes_per_epoch", "4", "--batch_size", "2", *extra]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_two_processes_agree_when_validation_improves_when_it_does_not_and_on_a_stop(data_root, tmp_path):
+    # Rank 0 alone validates; a scripted score makes epoch 2 not improve, so rank 1 must follow rank 0's verdict
+    # (a rank deciding on its own would wait in the best.pt barrier while the other waits elsewhere).
+    script = tmp_path / "scripted.py"
+    script.write_text(SCRIPTED_VALIDATION.format(root=str(ROOT)))
+    run = torchrun([str(script)], data_root, tmp_path / "run", "--epochs", "3")
+    out, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, out
+    assert out.count("val PCK@0.2") == 3 and out.count("new best") == 2  # rank 0 alone reports
+    metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    steps = [m["step"] for m in metrics if "train/loss" in m]
+    assert steps == sorted(set(steps)) == list(range(1, 7))  # no duplicate lines from rank 1
+    assert [m["val/PCK@0.2"] for m in metrics if "val/PCK@0.2" in m] == [50.0, 40.0, 60.0]
+    assert safe_load(tmp_path / "run" / "best.pt")["step"] == 6 and "test/PCK@0.2" in metrics[-1]
+
+    stopped = torchrun(["-m", "models.train_cape_episodic"], data_root, tmp_path / "stopped", "--epochs", "50")
+    wait_for(tmp_path / "stopped" / "step_2.pt", stopped, timeout=300)
+    stopped.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
+    out, _ = stopped.communicate(timeout=300)
+    assert "resume with:" in out, out
+    saved = safe_load(sorted((tmp_path / "stopped").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))[-1])
+    assert 2 <= saved["step"] < 100
+
+
+# ---- evaluation only --------------------------------------------------------------------------------------
+
+def test_eval_only_writes_the_protocols_predictions_and_report(tmp_path):
+    """Placeholder images and an annotation file with the official oddities; the predictions file is scored again
+    from the JSON alone, and its (support, query) pairs are the reference's random.seed(1) draw."""
+    _, coco = write_protocol_fixture(tmp_path, per_category=20, subset="test")
+    torch.manual_seed(0)
+    model, _ = build_model("capeformer_lite", hidden_dim=32, num_heads=4, image_size=64)
+    checkpoint = tmp_path / "best.pt"
+    torch.save({"model": model.state_dict(), "model_config": trainer.model_record("capeformer_lite", model)}, checkpoint)
+    predictions = tmp_path / "eval" / "predictions.jsonl"
+    code = trainer.main(["--eval_only", "--resume", str(checkpoint), "--data_root", str(tmp_path), "--split", "1",
+                         "--eval_set", "test", "--shots", "1", "--test_episodes_per_category", "3",
+                         "--predictions_out", str(predictions), "--device", "cpu", "--batch_size", "2",
+                         "--accumulation_steps", "1", "--num_workers", "0"])
+    assert code == 0
+    records = [json.loads(line) for line in predictions.read_text().splitlines()]
+    report = json.loads((predictions.parent / "pck_report.json").read_text())
+    again = recompute_from_file(coco, records)
+    assert report["pck"] == pytest.approx(float(again.mean()), abs=1e-6)
+    assert report["episodes"] == 9 and report["queries"] == 9 * 15 and report["shots"] == 1
+    expected = reference_episodes(coco, shots=1, queries=15, num_episodes=200)  # category-major, the full draw
+    firsts = [expected[200 * k:200 * k + 3] for k in range(len(coco["categories"]))]  # a shorter run keeps these
+    wanted = [(c["id"], ids[:1], q) for c, episodes in zip(coco["categories"], firsts) for ids in episodes for q in ids[1:]]
+    assert [(r["category_id"], r["support_ids"], r["query_id"]) for r in records] == wanted
+
+
+def test_eval_only_needs_a_checkpoint(tmp_path, capsys):
+    assert trainer.main(["--eval_only", "--device", "cpu"]) == 2
+    assert "--eval_only needs --resume CHECKPOINT" in capsys.readouterr().err

@@ -30,7 +30,8 @@ class Dist:
 def init_distributed() -> Dist:
     """Join the torchrun job if there is one: NCCL when every rank has a GPU, gloo otherwise.
 
-    Collectives time out after ``HRM_DIST_TIMEOUT_MIN`` minutes (default 10), so a crashed peer
+    Collectives time out after ``HRM_DIST_TIMEOUT_MIN`` minutes (default 30; rank 0 alone evaluates CAPE
+    while the others wait), so a crashed peer
     becomes an error on the survivors instead of a hang.
     """
     if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
@@ -39,7 +40,7 @@ def init_distributed() -> Dist:
     backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend=backend, timeout=timedelta(minutes=int(os.environ.get("HRM_DIST_TIMEOUT_MIN", "10"))))
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=int(os.environ.get("HRM_DIST_TIMEOUT_MIN", "30"))))
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank)
 
 

@@ -83,6 +83,10 @@ class CapeFormerConfig:
     support_order_embedding: bool = True
 
     def __post_init__(self):
+        if min(self.hidden_dim, self.num_heads, self.num_encoder_layers, self.ffn_dim) < 1 or not 0 <= self.dropout < 1:
+            raise CapeModelError(f"hidden_dim ({self.hidden_dim}), num_heads ({self.num_heads}), num_encoder_layers "
+                                 f"({self.num_encoder_layers}) and ffn_dim ({self.ffn_dim}) must be >= 1 and dropout "
+                                 f"({self.dropout}) in [0, 1)")
         if self.hidden_dim % 4 or (2 * self.hidden_dim) % self.num_heads or self.hidden_dim % self.num_heads:
             raise CapeModelError(f"hidden_dim {self.hidden_dim} must be divisible by 4 (sine embedding) and by "
                              f"num_heads {self.num_heads}")

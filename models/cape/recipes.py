@@ -17,7 +17,8 @@ clipping (``grad_clip=None``); ``lr_config`` ``policy="step", step=[160, 180]`` 
 from 0-based epoch 160 and again from 180), ``warmup="linear", warmup_iters=1000, warmup_ratio=0.001`` (iteration i <
 1000 uses lr * (1 - (1 - i / 1000) * (1 - 0.001))); 200 epochs; 256 x 256 crops; fp32 (no fp16 config). A
 training sample is one query with its own K supports, so a batch of 16 samples is 16 episodes of one query
-(``batch_size`` 16, ``queries`` 1, ``accumulation_steps`` 1; Adam's betas and eps are torch's defaults, as mmcv's).
+(``batch_size`` 16, ``queries`` 1; the hardware profile splits the batch into micro-batches where memory is
+short; Adam's betas and eps are torch's defaults, as mmcv's).
 Augmentation (``TopDownGetRandomScaleRotation``, mmpose 0.x): scale factor clip(1 + 0.15 n, 0.85, 1.15) and,
 with probability 0.6, rotation clip(15 n, -30, 30) degrees, n ~ N(0, 1); no flips and no colour jitter.
 An epoch (``TransformerPoseDataset.random_paired_samples``) draws, for every training category, as many
@@ -37,13 +38,14 @@ from typing import Mapping
 from models.cape.backbone import CapeModelError
 
 _SHARED = {
-    "image_size": 256, "shots": 1, "queries": 1, "accumulation_steps": 1, "epochs": 200,
+    "image_size": 256, "shots": 1, "queries": 1, "epochs": 200,
     "optimizer": "adam", "lr": 1e-5, "weight_decay": 0.0, "clip_max_norm": 0.0,
     "lr_schedule": "step", "lr_steps": (160, 180), "lr_gamma": 0.1,
     "lr_warmup_steps": 1000, "lr_warmup_ratio": 0.001,
     "heatmap_weight": 2.0, "use_amp": False,
     "aug_scale": 0.15, "aug_rotation": 15.0, "aug_rotation_prob": 0.6, "aug_colour": 0.0,
     "eval_queries": 15, "val_episodes_per_category": 100, "test_episodes_per_category": 200,
+    "episodes_per_epoch": 0,  # the reference's epoch (reference_epoch_queries), computed from the training split
 }
 
 
@@ -63,7 +65,8 @@ RECIPES: dict[str, Recipe] = {
     "capeformer": Recipe(
         name="capeformer",
         source="flyinglynx/CapeFormer configs/mp100/capeformer/{1shots,5shots}/two_stage_split*_config.py",
-        flags=MappingProxyType({**_SHARED, "model": "capeformer", "backbone": "resnet50", "batch_size": 16}),
+        flags=MappingProxyType({**_SHARED, "model": "capeformer", "backbone": "resnet50", "batch_size": 16,
+                                "val_interval": 50}),
         published_pck=(85.3, 89.3),
         backbone_weights="torchvision ImageNet ResNet-50 (pretrained='torchvision://resnet50', IMAGENET1K_V1)",
     ),
@@ -71,7 +74,7 @@ RECIPES: dict[str, Recipe] = {
         name="pose_anything",
         source="orhir/PoseAnything configs/{1shots,5shots}/graph_split*_config.py",
         flags=MappingProxyType({**_SHARED, "model": "pose_anything", "backbone": "swinv2_tiny_window16_256",
-                                "drop_path_rate": 0.2, "batch_size": 16}),
+                                "drop_path_rate": 0.2, "batch_size": 16, "val_interval": 25}),
         published_pck=(87.2, 91.2),
         backbone_weights="Microsoft SwinV2-T ImageNet-1k swinv2_tiny_patch4_window16_256.pth "
                          "(= timm swinv2_tiny_window16_256.ms_in1k)",
@@ -80,7 +83,7 @@ RECIPES: dict[str, Recipe] = {
         name="pose_anything_s",
         source="orhir/PoseAnything configs/{1shot-swin,5shot-swin}/graph_split*_config.py",
         flags=MappingProxyType({**_SHARED, "model": "pose_anything", "backbone": "swinv2_small_window16_256",
-                                "drop_path_rate": 0.3, "batch_size": 8}),
+                                "drop_path_rate": 0.3, "batch_size": 8, "val_interval": 25}),
         published_pck=(90.7, 92.8),
         backbone_weights="SimMIM-pretrained SwinV2-S swinv2_small_1k_500k.pth (Microsoft Swin MODELHUB); "
                          "timm's swinv2_small_window16_256.ms_in1k is supervised ImageNet-1k, not the same start",
@@ -112,17 +115,3 @@ def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
         raise CapeModelError(f"--recipe {name!r} is not one of {sorted(RECIPES)}")
     return RECIPES[name]
-
-
-def step_lr_factor(iteration: int, epoch: int, steps: tuple[int, ...] = (160, 180), gamma: float = 0.1,
-                   warmup_iters: int = 1000, warmup_ratio: float = 0.001) -> float:
-    """The recipes' learning-rate multiplier (mmcv 1.x ``StepLrUpdaterHook`` with linear warmup).
-
-    ``gamma`` to the number of ``steps`` (0-based epochs) reached by ``epoch``; during the first ``warmup_iters``
-    iterations (0-based ``iteration``, counted over the whole run) that is further scaled by
-    1 - (1 - iteration / warmup_iters) * (1 - warmup_ratio), rising linearly from ``warmup_ratio``.
-    """
-    factor = gamma ** sum(epoch >= s for s in steps)
-    if iteration >= warmup_iters:
-        return factor
-    return factor * (1 - (1 - iteration / warmup_iters) * (1 - warmup_ratio))

@@ -465,12 +465,25 @@ class EpisodeSampler:
 
 @dataclass(frozen=True)
 class Augmentation:
-    """Training augmentation: crop scale in [1 - scale, 1 + scale], rotation in +-``rotation`` degrees,
-    and brightness/contrast/saturation factors in [1 - colour, 1 + colour]."""
+    """Training augmentation, mmpose 0.x ``TopDownGetRandomScaleRotation`` as the CAPE papers configure it
+    (scale_factor 0.15, rot_factor 15, rot_prob 0.6), plus optional colour jitter (the papers use none).
+
+    The crop scale is ``clip(1 + scale * n, 1 - scale, 1 + scale)``; with probability ``rotation_prob`` the
+    rotation is ``clip(rotation * n, -2 rotation, 2 rotation)`` degrees, else 0 (n ~ N(0, 1)); brightness,
+    contrast and saturation factors are uniform in [1 - colour, 1 + colour].
+    """
 
     scale: float = 0.15
     rotation: float = 15.0
-    colour: float = 0.2
+    rotation_prob: float = 0.6
+    colour: float = 0.0
+
+    def sample(self, rng: np.random.Generator) -> tuple[float, float]:
+        """``(scale, rotation in degrees)`` for one crop."""
+        scale = float(np.clip(1 + self.scale * rng.standard_normal(), 1 - self.scale, 1 + self.scale))
+        rotate = rng.random() <= self.rotation_prob
+        rotation = float(np.clip(self.rotation * rng.standard_normal(), -2 * self.rotation, 2 * self.rotation))
+        return scale, rotation if rotate else 0.0
 
 
 def crop_transform(bbox: tuple[float, float, float, float], image_size: int, margin: float = 1.25,
@@ -518,10 +531,7 @@ def load_instance(inst: Instance, image_size: int, augment: Augmentation | None 
     Raises:
         MP100FormatError: the image cannot be read.
     """
-    scale, rot = 1.0, 0.0
-    if augment is not None:
-        scale = rng.uniform(1 - augment.scale, 1 + augment.scale)
-        rot = rng.uniform(-augment.rotation, augment.rotation)
+    scale, rot = augment.sample(rng) if augment is not None else (1.0, 0.0)
     to_crop = crop_transform(inst.bbox, image_size, margin, scale, rot)
     to_orig = invert_affine(to_crop)
     try:

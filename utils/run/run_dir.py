@@ -194,21 +194,30 @@ class RunDirectory:
         self.save_manifest()
         return path
 
+    def claim_best(self, name: str = "best.pt") -> Path:
+        """Record that this run is about to write its best-so-far checkpoint ``name`` (never pruned, never
+        resumed from) and return its path.
+
+        Raises:
+            CheckpointWriteError: a file of that name exists and this run did not write it.
+        """
+        path = self.path / name
+        if path.exists() and self.manifest.get("best") != name:
+            raise CheckpointWriteError(f"{path} exists and was not written by this run; move it away, then resume")
+        self.manifest["best"] = name
+        self.save_manifest()
+        return path
+
     def prune(self, keep_last: int) -> list[Path]:
-        """Delete this run's checkpoints beyond the newest ``keep_last`` (``keep_last <= 0`` keeps all) and
-        return the deleted paths; ``best`` is never pruned."""
+        """Delete this run's step checkpoints beyond the newest ``keep_last`` (``keep_last <= 0`` keeps all) and
+        return the deleted paths."""
         names = self.manifest["checkpoints"]
-        doomed = [n for n in (names[:-keep_last] if keep_last > 0 else []) if n != self.manifest.get("best")]
-        self.manifest["checkpoints"] = [n for n in names if n not in doomed]
+        doomed = names[:-keep_last] if keep_last > 0 else []
+        self.manifest["checkpoints"] = names[len(doomed):]
         self.save_manifest()
         for name in doomed:
             (self.path / name).unlink(missing_ok=True)
         return [self.path / n for n in doomed]
-
-    def mark_best(self, name: str) -> None:
-        """Note that checkpoint ``name`` (claimed with :meth:`claim_checkpoint`) is the best so far."""
-        self.manifest["best"] = name
-        self.save_manifest()
 
     def newest_valid(self) -> tuple[Path, Any] | None:
         """The newest checkpoint of this run that loads, with its contents; None if none does.
