@@ -53,8 +53,7 @@ from utils.run.guard import NonFiniteGuard, nonfinite_names, reset_nonfinite_car
 from utils.run.main import ArgumentParser, run_main
 from utils.run.metrics import MetricsWriter
 from utils.run.plan import Decision, Plan
-from utils.run.run_dir import (RunDirectory, find_matching_run, newest_loadable, recorded_checkpoints,
-                               settings_fingerprint)
+from utils.run.run_dir import RunDirectory, find_matching_run, open_run, settings_fingerprint
 from utils.run.schedule import LRSchedule
 from utils.run.stop import GracefulStop
 from utils.viz.puzzles import EvalPictures, VisualizationError, detect_task
@@ -214,40 +213,18 @@ def default_run_parent(cfg: PretrainConfig) -> Path:
     return Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name)
 
 
-def open_run(cfg: PretrainConfig, setup: Setup) -> tuple[RunDirectory, Optional[Path]]:
-    """Rank 0: claim the run directory and find the checkpoint to resume from (or None).
-
-    Where the run lives, in order: ``checkpoint_path``; the directory of ``resume=<file or dir>``;
-    with ``resume=auto`` and no ``run_name``, the newest run under ``checkpoints/<project>/`` started
-    with the same settings; else ``checkpoints/<project>/<run_name or arch-timestamp>``.
-
-    Raises:
-        CheckpointError: ``resume`` names a file that does not load, or a directory without a valid checkpoint.
-        RunDirError: the directory holds another run and ``resume`` is not set, or it is not writable.
-    """
-    fingerprint = settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS)
-    resume = cfg.resume
-    explicit = Path(resume) if resume and resume != "auto" else None
-    if explicit is not None and not explicit.exists():
-        raise CheckpointError(f"resume={resume}: no such file or directory")
+def run_location(cfg: PretrainConfig, setup: Setup) -> Path:
+    """Where the run lives, in order: ``checkpoint_path``; the directory of ``resume=<file or dir>``; with
+    ``resume=auto`` and no ``run_name``, the newest run under ``checkpoints/<project>/`` started with the same
+    settings; else ``checkpoints/<project>/<run_name or arch-timestamp>``."""
     if cfg.checkpoint_path:
-        path = Path(cfg.checkpoint_path)
-    elif explicit is not None:
-        path = explicit if explicit.is_dir() else explicit.parent
-    else:
-        parent = default_run_parent(cfg)
-        found = find_matching_run(parent, "pretrain", fingerprint) if resume == "auto" and not cfg.run_name else None
-        path = found or parent / (cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
-    hint = f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path else f"rerun with resume={path}"
-    run = RunDirectory.claim(path, trainer="pretrain", fingerprint=fingerprint, resuming=bool(resume), resume_hint=hint)
-    if explicit is not None and explicit.is_file():
-        return run, explicit
-    candidates = run.checkpoints() if explicit is None or explicit.resolve() == run.path.resolve() \
-        else recorded_checkpoints(explicit)
-    found = newest_loadable(reversed(candidates))
-    if found is None and explicit is not None:
-        raise CheckpointError(f"resume={resume}: no valid step_<N>.pt checkpoint in {explicit}")
-    return run, None if found is None else found[0]
+        return Path(cfg.checkpoint_path)
+    if cfg.resume and cfg.resume != "auto":
+        return Path(cfg.resume) if Path(cfg.resume).is_dir() else Path(cfg.resume).parent
+    parent = default_run_parent(cfg)
+    fingerprint = settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS)
+    found = find_matching_run(parent, "pretrain", fingerprint) if cfg.resume == "auto" and not cfg.run_name else None
+    return found or parent / (cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def resume_command(args: argparse.Namespace, run_path: Path) -> str:
@@ -396,7 +373,10 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
 
     run, resume_path = None, None
     if rank.is_main:
-        run, resume_path = open_run(cfg, setup)
+        path = run_location(cfg, setup)
+        hint = f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path else f"rerun with resume={path}"
+        run, resume_path = open_run(path, trainer="pretrain", resume=cfg.resume, resume_hint=hint,
+                                    fingerprint=settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS))
         run.check_storage(checkpoint_bytes)
     run_path, resume_path = main_decides((None if run is None else run.path, resume_path), rank)
     command = resume_command(args, run_path)

@@ -20,13 +20,34 @@ from models.layers import CastedEmbedding, CastedLinear, RotaryEmbedding, puzzle
 from models.sparse_embedding import CastedSparseEmbedding
 
 
+@dataclass
 class ReasoningConfig:
-    """Base of the architectures' config dataclasses: building from a reference-style dict, and shared checks.
+    """The config keys HRM and TRM share (the references' names), building from a reference-style dict, and the
+    checks every recursive reasoner needs. Each architecture's config is a subclass (TRM adds three keys).
 
-    A subclass is a dataclass whose fields are the reference's config keys, with at least ``hidden_size``,
-    ``num_heads``, ``expansion``, ``pos_encodings``, ``rms_norm_eps``, ``rope_theta``, ``forward_dtype``,
-    ``halt_max_steps``, ``halt_exploration_prob`` and ``puzzle_emb_ndim``.
+    ``batch_size`` is the local training batch size (the sparse puzzle embedding needs it); ``seq_len``,
+    ``vocab_size`` and ``num_puzzle_identifiers`` come from the dataset.
     """
+
+    batch_size: int
+    seq_len: int
+    vocab_size: int
+    num_puzzle_identifiers: int
+    H_cycles: int
+    L_cycles: int
+    H_layers: int
+    L_layers: int
+    hidden_size: int
+    expansion: float
+    num_heads: int
+    pos_encodings: str
+    halt_max_steps: int
+    halt_exploration_prob: float
+    puzzle_emb_ndim: int = 0
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    forward_dtype: str = "bfloat16"
+    causal: bool = False
 
     model_name = "model"
 

@@ -47,7 +47,7 @@ from utils.run.guard import NonFiniteGuard, nonfinite_names
 from utils.run.main import ArgumentParser, run_main
 from utils.run.metrics import MetricsWriter
 from utils.run.plan import Decision, Plan
-from utils.run.run_dir import RunDirectory, find_matching_run, newest_loadable, recorded_checkpoints, settings_fingerprint
+from utils.run.run_dir import RunDirectory, find_matching_run, open_run, settings_fingerprint
 from utils.run.schedule import LRSchedule
 from utils.run.stop import GracefulStop
 from utils.viz.pose import pose_grid
@@ -388,34 +388,16 @@ def restore(path: Path, model, optimizer, scaler, guard, args, device: torch.dev
         raise CheckpointError(f"{path} lacks {e}; it was not written by models.train_cape_episodic") from None
 
 
-def open_run(args, plan: Plan) -> tuple[RunDirectory, Path | None]:
-    """Rank 0: claim the run directory and find the checkpoint to resume from (see pretrain.open_run's rules).
-
-    Raises:
-        CheckpointError, RunDirError: as for pretrain.py.
-    """
-    fingerprint = settings_fingerprint(plan.settings, RUN_CONTROL)
-    explicit = Path(args.resume) if args.resume and args.resume != "auto" else None
-    if explicit is not None and not explicit.exists():
-        raise CheckpointError(f"--resume {args.resume}: no such file or directory")
+def run_location(args, fingerprint: str) -> Path:
+    """Where the run lives: ``--output_dir``; the directory ``--resume`` names; with ``--resume auto``, the newest run
+    under ``outputs/cape/`` started with the same settings; else ``outputs/cape/<model>-split<N>-<K>shot-<time>``."""
     if args.output_dir:
-        path = Path(args.output_dir)
-    elif explicit is not None:
-        path = explicit if explicit.is_dir() else explicit.parent
-    else:
-        parent = Path("outputs/cape")
-        found = find_matching_run(parent, "cape", fingerprint) if args.resume == "auto" else None
-        path = found or parent / f"{args.model}-split{args.split}-{args.shots}shot-{time.strftime('%Y%m%d-%H%M%S')}"
-    run = RunDirectory.claim(path, trainer="cape", fingerprint=fingerprint, resuming=bool(args.resume),
-                             resume_hint=f"add --resume auto --output_dir {path}")
-    if explicit is not None and explicit.is_file():
-        return run, explicit
-    candidates = run.checkpoints() if explicit is None or explicit.resolve() == run.path.resolve() \
-        else recorded_checkpoints(explicit)
-    found = newest_loadable(reversed(candidates))
-    if found is None and explicit is not None:
-        raise CheckpointError(f"--resume {args.resume}: no valid step_<N>.pt checkpoint there")
-    return run, None if found is None else found[0]
+        return Path(args.output_dir)
+    if args.resume and args.resume != "auto":
+        return Path(args.resume) if Path(args.resume).is_dir() else Path(args.resume).parent
+    parent = Path("outputs/cape")
+    found = find_matching_run(parent, "cape", fingerprint) if args.resume == "auto" else None
+    return found or parent / f"{args.model}-split{args.split}-{args.shots}shot-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def resume_command(run_path: Path) -> str:
@@ -521,7 +503,10 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
 
     run, resume_path = None, None
     if rank.is_main:
-        run, resume_path = open_run(args, plan)
+        fingerprint = settings_fingerprint(plan.settings, RUN_CONTROL)
+        path = run_location(args, fingerprint)
+        run, resume_path = open_run(path, trainer="cape", fingerprint=fingerprint, resume=args.resume,
+                                    resume_hint=f"add --resume auto --output_dir {path}")
         run.check_storage(3 * sum(p.numel() * p.element_size() for p in model.parameters()))
     run_path, resume_path = main_decides((None if run is None else run.path, resume_path), rank)
     state = {"epoch": 0, "episode": 0, "step": 0, "best_val_pck": -1.0}

@@ -1,4 +1,9 @@
-"""Shared fixtures: tiny generated Sudoku datasets in the reference on-disk format."""
+"""Shared fixtures (tiny generated Sudoku datasets in the reference on-disk format) and helpers for tests that
+drive a trainer in a subprocess."""
+
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -16,3 +21,15 @@ def make_sudoku(tmp_path_factory, train_size: int, test_size: int):
 def sudoku_dir(tmp_path_factory):
     """64 training puzzles (x2 with augmentation) and 16 test puzzles."""
     return make_sudoku(tmp_path_factory, 64, 16)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Wait until ``path`` exists, failing with the process's output if it ends first or time runs out."""
+    deadline = time.time() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before writing {path}:\n{proc.stdout.read()}")
+        if time.time() > deadline:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {path}")
+        time.sleep(0.02)

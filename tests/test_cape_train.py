@@ -14,6 +14,7 @@ import torch
 
 import models.train_cape_episodic as trainer
 from models.cape import build_model
+from tests.conftest import wait_for
 from tests.test_cape_protocol import recompute_from_file, reference_episodes, write_protocol_fixture
 from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
 from utils.data.synthetic_cape import build
@@ -217,14 +218,6 @@ def spawn(data_root, out, *extra, epochs=2):
                           "--keep_last_checkpoints", "0", *extra]
     return subprocess.Popen([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, f"no {path} within {timeout} s"
-        time.sleep(0.02)
 
 
 def assert_same_state(a: Path, b: Path) -> None:

@@ -7,7 +7,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ import evaluate
 import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
+from tests.conftest import wait_for
 from utils.run.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
 
@@ -35,17 +35,6 @@ def spawn(argv):
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "pretrain.py", *argv], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before writing {path}:\n{proc.stdout.read()}")
-        if time.time() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {path}")
-        time.sleep(0.05)
 
 
 def assert_same_training_state(a: Path, b: Path) -> None:

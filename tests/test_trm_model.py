@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from models.checkpoints import strip_reference_prefix
 from models.losses import ACTLossHead
 from models.trm.trm_act_v1 import TinyRecursiveReasoningModel_ACTV1
+from tests.test_hrm_model import tiny_batch
 from utils.config import merge_layers, recipe_layers
 
 # The README's Sudoku-Extreme recipes (batch 768 is the global batch; 8 keeps construction cheap).
@@ -71,14 +72,6 @@ def tiny_config(**over):
                halt_exploration_prob=0.0, puzzle_emb_ndim=48, puzzle_emb_len=3, forward_dtype="float32")
     cfg.update(over)
     return cfg
-
-
-def tiny_batch(cfg, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    b, s, v = cfg["batch_size"], cfg["seq_len"], cfg["vocab_size"]
-    return {"inputs": torch.randint(0, v, (b, s), generator=g, dtype=torch.int32),
-            "labels": torch.randint(1, v, (b, s), generator=g, dtype=torch.int32),
-            "puzzle_identifiers": torch.randint(0, cfg["num_puzzle_identifiers"], (b,), generator=g, dtype=torch.int32)}
 
 
 def randomised(model, seed=1):

@@ -109,6 +109,20 @@ def select_device(requested: str | None = "auto") -> DeviceChoice:
     return DeviceChoice(torch.device("cpu"), "requested explicitly")
 
 
+def cpuinfo() -> str:
+    """The text of /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def cpu_bf16_features() -> list[str]:
+    """The x86 CPU flags that give native bf16 matmuls (AVX512-BF16, AMX), sorted; empty elsewhere."""
+    return sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|amx_tile)\b", cpuinfo())))
+
+
 @lru_cache(maxsize=None)
 def cpu_has_fast_bf16() -> bool:
     """True when the CPU has native bf16 matmul (x86 AVX512-BF16 or AMX, or arm64 FEAT_BF16).
@@ -116,12 +130,8 @@ def cpu_has_fast_bf16() -> bool:
     On such CPUs a bf16 matmul runs several times faster than fp32 (about 3.7x on the
     AVX512-BF16 machine this project is developed on); elsewhere bf16 is emulated and slower.
     """
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = f.read()
-        return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", flags))
-    except OSError:
-        pass
+    if {"avx512_bf16", "amx_bf16"} & set(cpu_bf16_features()):
+        return True
     if platform.system() == "Darwin":
         try:
             out = subprocess.run(["sysctl", "-n", "hw.optional.arm.FEAT_BF16"], capture_output=True, text=True, timeout=5)
@@ -248,6 +258,20 @@ def compile_decision(device: torch.device, requested: bool | str = "auto") -> tu
     return True, f"{why}; compile={'auto' if requested == 'auto' else 'true'}"
 
 
+def host_memory(field: str = "MemTotal") -> int:
+    """Host RAM in bytes: a /proc/meminfo field (``MemTotal`` or ``MemAvailable``), else the physical total
+    from ``sysconf``, else 0."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as f:
+            return int(re.search(rf"{field}:\s+(\d+) kB", f.read()).group(1)) * 1024
+    except (OSError, AttributeError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
 def memory_available(device: torch.device) -> int:
     """Bytes a run can use on ``device``: the GPU's total memory, the Metal working-set limit, or the host's
     available RAM (``MemAvailable``; the total where that is unknown)."""
@@ -255,15 +279,7 @@ def memory_available(device: torch.device) -> int:
         return torch.cuda.get_device_properties(device).total_memory
     if device.type == "mps":
         return torch.mps.recommended_max_memory()
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            return int(re.search(r"MemAvailable:\s+(\d+) kB", f.read()).group(1)) * 1024
-    except (OSError, AttributeError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 1 << 62
+    return host_memory("MemAvailable") or 1 << 62
 
 
 def describe(device: torch.device) -> str:

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 
 from utils.config import ConfigError
-from utils.device import DeviceError, bf16_support, compile_decision, configure_backends, select_device, select_dtype
+from utils.device import (DeviceError, bf16_support, compile_decision, configure_backends, cpu_bf16_features, cpuinfo,
+                          host_memory, select_device, select_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,8 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
 def _cpu_name() -> str:
-    m = re.search(r"^model name\s*:\s*(.+)$", _cpuinfo(), re.MULTILINE)
+    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo(), re.MULTILINE)
     if m:
         return m.group(1).strip()
     if platform.system() == "Darwin":
@@ -90,24 +83,6 @@ def _cpu_name() -> str:
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine()
-
-
-def _cpu_bf16_features() -> list[str]:
-    """The CPU flags that give native bf16 matmuls (x86 AVX512-BF16, AMX); empty elsewhere."""
-    flags = set(re.findall(r"\b(avx512_bf16|amx_bf16|amx_tile)\b", _cpuinfo()))
-    return sorted(flags)
-
-
-def _system_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            return int(re.search(r"MemTotal:\s+(\d+) kB", f.read()).group(1)) * 1024
-    except (OSError, AttributeError):
-        pass
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def _as_device(device: torch.device | str | None) -> torch.device:
@@ -135,8 +110,8 @@ def detect_gpu_info(device: torch.device | str | None = None) -> dict[str, Any]:
         "gpu_count": 0, "compute_capability": None, "supports_bfloat16": bf16, "bfloat16_reason": bf16_reason,
         "supports_tf32": False, "cuda_version": torch.version.cuda, "cudnn_version": None,
         "torch_version": torch.__version__, "cpu_name": _cpu_name(), "cpu_cores": _cpu_count(),
-        "torch_threads": torch.get_num_threads(), "cpu_bf16_features": _cpu_bf16_features(),
-        "system_memory_gb": _system_memory_bytes() / GiB,
+        "torch_threads": torch.get_num_threads(), "cpu_bf16_features": cpu_bf16_features(),
+        "system_memory_gb": host_memory() / GiB,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -196,7 +171,7 @@ def resolve_hardware_profile(name: str | None, device: torch.device | str) -> tu
             mem = props.total_memory / GiB
             return _finish(profile_for_memory(mem), f"auto: {props.name} has {mem:.1f} GiB")
         if device.type == "mps":
-            return _finish("apple_silicon", f"auto: Apple Silicon GPU, {_system_memory_bytes() / GiB:.0f} GiB unified memory")
+            return _finish("apple_silicon", f"auto: Apple Silicon GPU, {host_memory() / GiB:.0f} GiB unified memory")
         return _finish("cpu", "auto: no GPU")
     if name not in HARDWARE_PROFILES:
         raise ConfigError(f"hardware={name!r} is not a profile: use auto or one of {', '.join(HARDWARE_PROFILES)}")
@@ -479,7 +454,7 @@ class MemoryTracker:
             return torch.cuda.get_device_properties(self.device).total_memory
         if self.device.type == "mps":
             return torch.mps.recommended_max_memory()
-        return _system_memory_bytes()
+        return host_memory()
 
     def reset(self) -> None:
         """Start a new measurement window (e.g. each epoch)."""

@@ -22,33 +22,9 @@ from models.layers import ReasoningBlock, ReasoningModule
 
 @dataclass
 class HierarchicalReasoningModel_ACTV1Config(ReasoningConfig):
-    """Architecture hyperparameters; the names are the reference's config keys.
-
-    ``batch_size`` is the local training batch size (the sparse puzzle embedding needs it);
-    ``seq_len``, ``vocab_size`` and ``num_puzzle_identifiers`` come from the dataset.
-    """
+    """HRM's architecture keys: exactly the shared ones (:class:`models.act.ReasoningConfig`)."""
 
     model_name = "HRM"
-
-    batch_size: int
-    seq_len: int
-    vocab_size: int
-    num_puzzle_identifiers: int
-    H_cycles: int
-    L_cycles: int
-    H_layers: int
-    L_layers: int
-    hidden_size: int
-    expansion: float
-    num_heads: int
-    pos_encodings: str
-    halt_max_steps: int
-    halt_exploration_prob: float
-    puzzle_emb_ndim: int = 0
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    forward_dtype: str = "bfloat16"
-    causal: bool = False
 
     def validate(self) -> None:
         """Raises ValueError on values the model cannot be built with."""

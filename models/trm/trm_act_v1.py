@@ -30,8 +30,8 @@ from models.layers import CosSin, ReasoningBlock, ReasoningModule
 class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
     """Architecture hyperparameters; names, defaults and required keys are the reference's.
 
-    ``batch_size`` is the local training batch size (the sparse puzzle embedding needs it);
-    ``seq_len``, ``vocab_size`` and ``num_puzzle_identifiers`` come from the dataset.
+    The shared keys are :class:`models.act.ReasoningConfig`'s; TRM adds ``mlp_t``, ``puzzle_emb_len`` and
+    ``no_ACT_continue``.
     ``H_layers`` is accepted and ignored, as in the reference (TRM has one network).
     ``puzzle_emb_len`` is the number of prefix positions; 0 means ``ceil(puzzle_emb_ndim / hidden_size)``.
     ``pos_encodings`` is ``rope``, ``learned`` or ``none`` (the Sudoku ``mlp_t`` recipe uses none).
@@ -40,28 +40,9 @@ class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
 
     model_name = "TRM"
 
-    batch_size: int
-    seq_len: int
-    num_puzzle_identifiers: int
-    vocab_size: int
-    H_cycles: int
-    L_cycles: int
-    H_layers: int
-    L_layers: int
-    hidden_size: int
-    expansion: float
-    num_heads: int
-    pos_encodings: str
-    halt_max_steps: int
-    halt_exploration_prob: float
-    puzzle_emb_ndim: int = 0
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    forward_dtype: str = "bfloat16"
     mlp_t: bool = False
     puzzle_emb_len: int = 16
     no_ACT_continue: bool = True
-    causal: bool = False
 
     def validate(self) -> None:
         """Raises ValueError, naming the key and the fix, on values the model cannot be built with."""

@@ -56,6 +56,26 @@ def inverse_dihedral(grid: np.ndarray, t: int) -> np.ndarray:
     return dihedral(grid, DIHEDRAL_INVERSE[t])
 
 
+def check_source_and_sizes(source_dir, generate: bool, source_hint: str, minimums: dict[str, tuple[int, int]],
+                           subsample_size: int | None) -> None:
+    """The argument checks every puzzle builder shares: exactly one source, sizes at or above their minimum.
+
+    Args:
+        source_hint: what ``--source-dir`` holds, for the message (e.g. "Sudoku-Extreme train.csv/test.csv").
+        minimums: flag name (underscores) -> (value, smallest allowed).
+
+    Raises:
+        DatasetError: naming the flag and the value.
+    """
+    if (source_dir is None) == (not generate):
+        raise DatasetError(f"choose exactly one source: --source-dir DIR ({source_hint}) or --generate")
+    for name, (value, low) in minimums.items():
+        if value < low:
+            raise DatasetError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
+    if subsample_size is not None and subsample_size < 1:
+        raise DatasetError(f"--subsample-size must be >= 1, got {subsample_size}")
+
+
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
     """Refuse to build over a file, a non-empty non-dataset directory, or a dataset without ``overwrite``.
 

@@ -38,7 +38,8 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.puzzle_dataset import DatasetError
-from utils.data.common import check_output_dir, dihedral, staged_dataset, write_one_example_split
+from utils.data.common import (check_output_dir, check_source_and_sizes, dihedral, staged_dataset,
+                               write_one_example_split)
 from utils.run.main import ArgumentParser
 
 CHARSET = "# SGo"  # token = index + 1; 0 is the pad
@@ -354,14 +355,9 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
         DatasetError: bad arguments, bad CSV content, or a non-empty ``output_dir``.
     """
     output_dir = Path(output_dir)
-    if (source_dir is None) == (not generate):
-        raise DatasetError("choose exactly one source: --source-dir DIR (maze train.csv/test.csv) or --generate")
-    for name, value, low in (("train_size", train_size, 1), ("test_size", test_size, 1), ("size", size, 2),
-                             ("seed", seed, 0), ("workers", workers, 1)):
-        if value < low:
-            raise DatasetError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if subsample_size is not None and subsample_size < 1:
-        raise DatasetError(f"--subsample-size must be >= 1, got {subsample_size}")
+    check_source_and_sizes(source_dir, generate, "maze train.csv/test.csv",
+                           {"train_size": (train_size, 1), "test_size": (test_size, 1), "size": (size, 2),
+                            "seed": (seed, 0), "workers": (workers, 1)}, subsample_size)
     if min_path_length is None:
         min_path_length = default_min_path_length(size)
     if not 1 <= min_path_length < size * size:

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.common import check_output_dir, staged_dataset, write_one_example_split
+from utils.data.common import check_output_dir, check_source_and_sizes, staged_dataset, write_one_example_split
 from utils.data.puzzle_dataset import DatasetError
 from utils.run.main import ArgumentParser
 
@@ -458,14 +458,9 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
         DatasetError: bad arguments, bad CSV content, or a non-empty ``output_dir``.
     """
     output_dir = Path(output_dir)
-    if (source_dir is None) == (not generate):
-        raise DatasetError("choose exactly one source: --source-dir DIR (Sudoku-Extreme train.csv/test.csv) or --generate")
-    for name, value, low in (("train_size", train_size, 1), ("test_size", test_size, 1), ("num_aug", num_aug, 0),
-                             ("seed", seed, 0), ("workers", workers, 1)):
-        if value < low:
-            raise DatasetError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if subsample_size is not None and subsample_size < 1:
-        raise DatasetError(f"--subsample-size must be >= 1, got {subsample_size}")
+    check_source_and_sizes(source_dir, generate, "Sudoku-Extreme train.csv/test.csv",
+                           {"train_size": (train_size, 1), "test_size": (test_size, 1), "num_aug": (num_aug, 0),
+                            "seed": (seed, 0), "workers": (workers, 1)}, subsample_size)
     if not 0 <= min_blanks <= MAX_BLANKS:
         raise DatasetError(f"--min-blanks must be in [0, {MAX_BLANKS}] (a unique Sudoku needs 17 clues), got {min_blanks}")
     if max_blanks is not None and not min_blanks <= max_blanks <= MAX_BLANKS:

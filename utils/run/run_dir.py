@@ -266,3 +266,29 @@ def find_matching_run(parent: Path, trainer: str, fingerprint: str) -> Path | No
                 and any((child / n).is_file() for n in manifest.get("checkpoints", [])):
             found.append((manifest.get("updated", 0), child))
     return max(found)[1] if found else None
+
+
+def open_run(path: Path, *, trainer: str, fingerprint: str, resume: str | None,
+             resume_hint: str) -> tuple[RunDirectory, Path | None]:
+    """Claim the run directory ``path`` and find the checkpoint to resume from (None: start fresh).
+
+    ``resume`` is None (a new run), ``"auto"`` (this run's newest valid checkpoint, or a fresh start when there
+    is none), a run directory (its newest valid checkpoint) or a checkpoint file.
+
+    Raises:
+        CheckpointError: ``resume`` names something missing, or a directory without a valid checkpoint.
+        RunDirError: see :meth:`RunDirectory.claim`.
+    """
+    explicit = Path(resume) if resume and resume != "auto" else None
+    if explicit is not None and not explicit.exists():
+        raise CheckpointError(f"resume {resume}: no such file or directory")
+    run = RunDirectory.claim(path, trainer=trainer, fingerprint=fingerprint, resuming=bool(resume),
+                             resume_hint=resume_hint)
+    if explicit is not None and explicit.is_file():
+        return run, explicit
+    candidates = run.checkpoints() if explicit is None or explicit.resolve() == run.path.resolve() \
+        else recorded_checkpoints(explicit)
+    found = newest_loadable(reversed(candidates))
+    if found is None and explicit is not None:
+        raise CheckpointError(f"resume {resume}: no valid step_<N>.pt checkpoint in {explicit}")
+    return run, None if found is None else found[0]
