@@ -1,7 +1,8 @@
 """MP-100 loader (utils/data/mp100.py): the official files' oddities, the reference's instance rules,
-error messages, crops, the training sampler and batching, and the synthetic builder's layout."""
+error messages, crops, augmentation, the training sampler and batching, and the report script."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -320,3 +321,21 @@ def test_augmentation_draws_mmpose_random_scale_and_rotation():
     n_scale, u, n_rotation = by_hand.standard_normal(), by_hand.random(), by_hand.standard_normal()
     expected = (np.clip(1 + 0.15 * n_scale, 0.85, 1.15), np.clip(15 * n_rotation, -30, 30) if u <= 0.6 else 0.0)
     assert aug.sample(np.random.default_rng(5)) == pytest.approx(expected)
+
+
+def test_report_script_prints_every_category_with_its_skeleton_base(tmp_path, capsys):
+    import runpy
+    import sys
+
+    from tests.test_cape_protocol import write_protocol_fixture
+    write_protocol_fixture(tmp_path, per_category=20, subset="test", images=False)
+    argv = sys.argv
+    sys.argv = ["mp100_report.py", "--data_root", str(tmp_path), "--split", "1", "--subset", "test"]
+    try:
+        with pytest.raises(SystemExit) as done:
+            runpy.run_path(str(Path(__file__).resolve().parent.parent / "scripts" / "mp100_report.py"), run_name="__main__")
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "mp100_split1_test.json: 3 categories, 60 instances" in out
+    assert "1-based" in out and "0-based" in out and "empty" in out and "4*" in out  # category 3 has no names
