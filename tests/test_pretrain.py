@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from omegaconf import OmegaConf
 
 import evaluate
 import pretrain
+from utils.distributed import Dist
 from utils.run.checkpoint import safe_load
 
 TINY_ARCH = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=2",
@@ -98,3 +100,9 @@ def test_build_data_builds_the_recipe_dataset_where_asked(tmp_path):
                           "global_batch_size=16", "epochs=2", "eval_interval=2", "forward_dtype=float32", *TINY_ARCH])
     assert code == 0
     assert (data / "train" / "dataset.json").is_file() and (run_dir / "step_4.pt").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "config").glob("*.yaml")))
+def test_every_recipe_resolves(name):
+    setup = pretrain.resolve_setup(pretrain.parse_args([f"--config-name={name}", "device=cpu"]), Dist())
+    assert setup.cfg.data_paths and setup.arch["name"] in ("hrm_v1", "trm") and setup.cfg.epochs % setup.cfg.eval_interval == 0
