@@ -49,7 +49,7 @@ from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
 from utils.run.checkpoint import (CheckpointError, CheckpointWriteError, atomic_save, capture_rng_state, restore_rng_state,
                                   safe_load)
-from utils.run.guard import NonFiniteGuard, nonfinite_names, reset_nonfinite_carry_rows
+from utils.run.guard import NonFiniteGuard, check_training_step
 from utils.run.main import ArgumentParser, run_main
 from utils.run.metrics import MetricsWriter
 from utils.run.plan import Decision, Plan
@@ -237,10 +237,20 @@ def resume_command(args: argparse.Namespace, run_path: Path) -> str:
 
 @dataclass
 class TrainState:
-    """What the loop carries between steps besides the model and optimizers."""
+    """What the loop carries between steps besides the model and optimizers.
+
+    ``elapsed_before`` is the wall time (s) the run had trained before this process (restored from the
+    checkpoint on resume), and ``started`` this process's ``time.perf_counter()`` when ``train`` began.
+    """
 
     step: int = 0
     carry: Any = None
+    elapsed_before: float = 0.0
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+
+    def elapsed_s(self) -> float:
+        """Wall seconds of the whole run so far: settings, data, model, compilation, steps, evaluations."""
+        return self.elapsed_before + time.perf_counter() - self.started
 
 
 def save_checkpoint(run: Optional[RunDirectory], head, optimizers, ema: Optional[EMAHelper], loader: PuzzleDataset,
@@ -270,6 +280,7 @@ def save_checkpoint(run: Optional[RunDirectory], head, optimizers, ema: Optional
     if not rank.is_main:
         return None
     payload = {"optimizers": [opt.state_dict() for opt in optimizers], "step": state.step, "nonfinite_total": guard.total,
+               "elapsed_s": state.elapsed_s(),
                "config": setup.plan.settings, "run_id": run.run_id, "train_loader": loader.state_dict(), "ranks": gathered}
     if ema is None:
         payload["model"] = reference_state_dict(head)
@@ -308,6 +319,7 @@ def restore_training(path: Path, head, optimizers, ema: Optional[EMAHelper], loa
         opt.load_state_dict(opt_state)
     loader.load_state_dict(payload["train_loader"])
     state.step = int(payload["step"])
+    state.elapsed_before = float(payload.get("elapsed_s", 0.0))
     guard.total = int(payload.get("nonfinite_total", 0))
     ranks = payload["ranks"]
     if len(ranks) != rank.world_size:
@@ -349,6 +361,7 @@ def check_memory(setup: Setup, metadata: PuzzleDatasetMetadata) -> int:
 # ---- the loop ---------------------------------------------------------------------------------------------
 
 def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
+    started = time.perf_counter()  # eval/elapsed_s counts from here: wall time as a user waits for it
     setup = resolve_setup(args, rank)
     cfg, device = setup.cfg, setup.device
     configure_backends(device, cudnn_benchmark=not cfg.deterministic)
@@ -420,7 +433,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
 
     guard = NonFiniteGuard(cfg.max_nonfinite_steps, f"a lower lr (lr={cfg.lr} now), a longer lr_warmup_steps or "
                                                      "forward_dtype=float32, or check the dataset for bad labels")
-    state = TrainState()
+    state = TrainState(started=started)
     if resume_path is not None:
         restore_training(resume_path, head, optimizers, ema, train_loader, state, guard, rank, device)
     if rank.is_main:
@@ -459,10 +472,12 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
         if collector is not None:
             collector.save(run_path, state.step, rank.rank)
         if rank.is_main:
-            metrics_out.log(state.step, {f"eval/{k}": v for k, v in results.items()})
+            elapsed = state.elapsed_s()
+            metrics_out.log(state.step, {f"eval/{k}": v for k, v in results.items()} | {"eval/elapsed_s": elapsed})
             if pictures is not None:
                 metrics_out.log_images(state.step, pictures.images())
-            tqdm.write(f"step {state.step} eval: " + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+            tqdm.write(f"step {state.step} eval ({elapsed:.0f} s into the run): "
+                       + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
 
     sums: dict[str, torch.Tensor] = {}
     examples_since_log, t_log = 0, time.perf_counter()
@@ -480,8 +495,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                 state.carry, loss, metrics, _, _ = forward(state.carry, batch)
                 (loss / cfg.global_batch_size).backward()
                 state.step += 1
-                culprits = nonfinite_names(gradients_and_loss(head, loss, rank), rank)
-                reset_nonfinite_carry_rows(state.carry, rank, state.step)
+                culprits = check_training_step(gradients_and_loss(head, loss, rank), state.carry, rank, state.step)
                 if guard.step(state.step, culprits, rank):
                     for opt, schedule in zip(optimizers, schedules):
                         for group in opt.param_groups:
@@ -499,7 +513,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                 if state.step % cfg.log_interval == 0 or state.step == total_steps:
                     n_steps = (state.step - 1) % cfg.log_interval + 1
                     log_train_point(metrics_out, reduce_metrics(sums, rank), state.step, n_steps, cfg, base,
-                                    examples_since_log / (time.perf_counter() - t_log), guard, bar)
+                                    examples_since_log / (time.perf_counter() - t_log), state.elapsed_s(), guard, bar)
                     sums, examples_since_log, t_log = {}, 0, time.perf_counter()
                 if any_rank(stopper.requested, rank):
                     path = checkpoint()
@@ -544,14 +558,16 @@ def gradients_and_loss(head, loss: torch.Tensor, rank: Dist) -> dict[str, torch.
 
 
 def log_train_point(out: MetricsWriter, reduced: Optional[dict[str, float]], step: int, n_steps: int,
-                    cfg: PretrainConfig, schedule: LRSchedule, examples_per_s: float, guard: NonFiniteGuard, bar) -> None:
-    """One ``train/*`` point: losses per example, accuracies per halted puzzle, lr, throughput, skipped steps."""
+                    cfg: PretrainConfig, schedule: LRSchedule, examples_per_s: float, elapsed_s: float, guard: NonFiniteGuard,
+                    bar) -> None:
+    """One ``train/*`` point: losses per example, accuracies per halted puzzle, lr, throughput, wall seconds since the
+    run started (``train/elapsed_s``, as ``eval/elapsed_s`` at each evaluation), skipped steps."""
     if not reduced:
         return
     count = max(reduced.pop("count", 0.0), 1.0)
     point = {f"train/{k}": v / (cfg.global_batch_size * n_steps if k.endswith("loss") else count)
              for k, v in reduced.items()}
-    point.update({"train/lr": schedule.lr(step), "train/examples_per_s": examples_per_s,
+    point.update({"train/lr": schedule.lr(step), "train/examples_per_s": examples_per_s, "train/elapsed_s": elapsed_s,
                   "train/nonfinite_steps": guard.total})
     out.log(step, point)
     bar.set_postfix(loss=f"{point.get('train/lm_loss', float('nan')):.3f}",

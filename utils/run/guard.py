@@ -23,6 +23,12 @@ class DivergedError(RunFailure):
     """Too many optimizer steps in a row had a non-finite loss or gradient."""
 
 
+def _nonfinite_flags(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """``[N]`` int32 on the tensors' device: 1 where tensor i holds a NaN or inf (no host sync)."""
+    norms = torch._foreach_norm([t.detach().reshape(-1).float() for t in tensors])
+    return (~torch.isfinite(torch.stack([n.float() for n in norms]))).to(torch.int32)
+
+
 def nonfinite_names(tensors: dict[str, torch.Tensor], rank: Dist) -> list[str]:
     """Names of the tensors that hold a NaN or inf on any rank (one device sync, one all-reduce).
 
@@ -31,13 +37,40 @@ def nonfinite_names(tensors: dict[str, torch.Tensor], rank: Dist) -> list[str]:
     """
     if not tensors:
         return []
-    names = list(tensors)
-    values = [t.detach() for t in tensors.values()]
-    norms = torch.stack([n.float() for n in torch._foreach_norm([v.reshape(-1).float() for v in values])])
-    bad = (~torch.isfinite(norms)).to(torch.int32).cpu()
+    bad = _nonfinite_flags(list(tensors.values())).cpu()
     if rank.world_size > 1:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    return [n for n, b in zip(names, bad.tolist()) if b]
+    return [n for n, b in zip(tensors, bad.tolist()) if b]
+
+
+def check_training_step(tensors: dict[str, torch.Tensor], carry, rank: Dist, step: int) -> list[str]:
+    """The per-step check of an ACT trainer in one device-to-host copy (and one all-reduce under torchrun):
+    the names of the tensors that hold a NaN or inf on any rank, as :func:`nonfinite_names` gives them, and
+    a reset of the ACT carry rows whose recurrent state (``z_H``/``z_L``) went non-finite.
+
+    Those rows are marked halted, so the model restarts them from ``H_init``/``L_init`` with a new puzzle at
+    the next step; without this a NaN in a row's state stays there for every later segment, and every later
+    step is skipped. The rows are marked on the device (a finite carry is left bitwise as it was); only
+    their count, for the warning on rank 0, travels to the host with the tensors' flags, so the check costs
+    one sync per step rather than two (a sync stalls the GPU's queue).
+
+    Args:
+        tensors: name -> tensor, as for :func:`nonfinite_names`.
+        carry: the ACT carry (:class:`models.act.Carry`); its ``halted`` is replaced.
+        step: the update number, for the warning.
+    """
+    inner = carry.inner_carry
+    bad_rows = ~(torch.isfinite(inner.z_H).flatten(1).all(1) & torch.isfinite(inner.z_L).flatten(1).all(1))
+    carry.halted = carry.halted | bad_rows
+    flags = _nonfinite_flags(list(tensors.values())) if tensors else bad_rows.new_zeros(0, dtype=torch.int32)
+    host = torch.cat([flags, bad_rows.sum().to(torch.int32).reshape(1)]).cpu()
+    if rank.world_size > 1:
+        dist.all_reduce(host)  # summed: a flag > 0 means some rank saw it; the last entry counts rows on all ranks
+    *bad, reset = host.tolist()
+    if reset and rank.is_main:
+        log.warning("step %d: the ACT carry (z_H/z_L) went non-finite in %d row(s); they restart from H_init/L_init "
+                    "with new puzzles. If this repeats, try forward_dtype=float32 or a lower lr", step, reset)
+    return [n for n, b in zip(tensors, bad) if b]
 
 
 class NonFiniteGuard:
@@ -72,24 +105,3 @@ class NonFiniteGuard:
             raise DivergedError(f"stopping at step {step}: {self.in_a_row} non-finite steps in a row (last: {named}). "
                                 f"Try {self.advice}, then resume from the last checkpoint")
         return False
-
-
-def reset_nonfinite_carry_rows(carry, rank: Dist, step: int) -> int:
-    """Mark ACT carry rows whose recurrent state (``z_H``/``z_L``) went non-finite as halted, so the model
-    restarts them from ``H_init``/``L_init`` with a new puzzle at the next step. Returns the number of
-    rows reset on all ranks together (and logs it on rank 0).
-
-    Without this a NaN in a row's state stays there for every later segment, and every later step is
-    skipped.
-    """
-    inner = carry.inner_carry
-    bad = ~(torch.isfinite(inner.z_H).flatten(1).all(1) & torch.isfinite(inner.z_L).flatten(1).all(1))
-    count = bad.sum().to(torch.int64).reshape(1).cpu()
-    if rank.world_size > 1:
-        dist.all_reduce(count)
-    if int(count):
-        carry.halted = carry.halted | bad
-        if rank.is_main:
-            log.warning("step %d: the ACT carry (z_H/z_L) went non-finite in %d row(s); they restart from H_init/L_init "
-                        "with new puzzles. If this repeats, try forward_dtype=float32 or a lower lr", step, int(count))
-    return int(count)
