@@ -16,7 +16,7 @@ import torch
 
 from utils.data import maze
 from utils.data.arc import grid_to_tokens
-from utils.data.puzzle_dataset import IGNORE_LABEL_ID, DatasetError, PuzzleDatasetMetadata
+from utils.data.puzzle_dataset import IGNORE_LABEL_ID, PuzzleDatasetMetadata
 from utils.data.sudoku import build_dataset as build_sudoku
 from utils.viz import puzzles as viz
 
