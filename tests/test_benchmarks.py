@@ -1,0 +1,94 @@
+"""The benchmarks' table code (on tiny models, no timing asserted) and the wall-time fields they read from pretrain.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pretrain
+from tests.test_pretrain_trm import trm
+from utils.run.checkpoint import safe_load
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def script(name, *argv):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *argv], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+
+
+def swiglu_width(hidden, expansion):
+    return -(-round(expansion * hidden * 2 / 3) // 256) * 256  # rounded up to a multiple of 256
+
+
+def test_step_benchmark_counts_the_matmul_flops_of_a_training_step_and_prints_its_table():
+    tiny = ["arch.hidden_size=32", "arch.expansion=2", "arch.H_cycles=2", "arch.L_cycles=1", "arch.puzzle_emb_ndim=32",
+            "arch.puzzle_emb_len=1"]
+    out = script("benchmark_step.py", "--models", "trm_cpu", "--no-compile", "--rounds", "1", "--warmup", "1",
+                 "--batch-size", "2", "--json", *tiny)
+    assert out.returncode == 0, out.stderr
+    rows = {r["model"]: r for r in map(json.loads, (ln for ln in out.stdout.splitlines() if ln.startswith("{")))}
+    assert set(rows) == {"trm_cpu"} and rows["trm_cpu"]["batch"] == 2
+
+    # TRM-MLP by hand: 2 blocks (sequence-axis SwiGLU over T = 81 cells + 1 prefix, hidden-axis SwiGLU); one segment
+    # runs H_cycles x (L_cycles + 1) = 4 forward calls, the last recursion's 2 calls are backpropagated (2 matmuls
+    # per forward one: input and weight gradients); lm_head runs on all T positions, q_head on position 0.
+    d, t, vocab, layers = 32, 82, 11, 2
+    block = 6 * d * t * swiglu_width(t, 2) + 6 * t * d * swiglu_width(d, 2)  # SwiGLU: 3 matmuls of 2*m*n*k
+    expected = (4 + 2 * 2) * layers * block + 3 * (2 * t * d * vocab) + 3 * (2 * d * 2)
+    assert rows["trm_cpu"]["flops_per_step"] == 2 * expected
+    table = out.stdout[out.stdout.index("| model |"):].splitlines()
+    assert table[0].split(" | ")[-1] == "eager of peak |" and len(table) == 3  # no compiled columns with --no-compile
+    assert table[2].startswith(f"| trm_cpu | cfg_pretrain_trm_cpu | 0.18M | 2 | {rows['trm_cpu']['dtype']} | 0.13 |")
+    assert "CPU " in out.stdout and "bf16 features" in out.stdout
+
+
+def test_step_benchmark_rejects_an_unknown_model():
+    out = script("benchmark_step.py", "--models", "gpt")
+    assert out.returncode == 2 and out.stderr.startswith("error: --models: unknown gpt")
+
+
+def test_pretrain_logs_wall_time_and_a_resume_continues_it(sudoku_dir, tmp_path):
+    run = tmp_path / "run"
+    assert pretrain.main(trm(sudoku_dir, run, "epochs=2", "eval_interval=1")) == 0
+    points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [p["eval/elapsed_s"] for p in points if "eval/accuracy" in p]
+    trains = [p["train/elapsed_s"] for p in points if "train/lm_loss" in p]
+    assert len(evals) == 2 and 0 < evals[0] < evals[1] and trains == sorted(trains) and trains[0] > 0
+    saved = safe_load(run / "step_8.pt")["elapsed_s"]
+    assert saved >= evals[-1]  # the checkpoint follows the evaluation
+
+    assert pretrain.main(trm(sudoku_dir, run, "epochs=4", "eval_interval=1", "resume=auto")) == 0
+    points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    resumed = [p["eval/elapsed_s"] for p in points if "eval/accuracy" in p and p["step"] > 8]
+    assert resumed and min(resumed) > saved  # counted on from the checkpoint, not from zero
+
+
+def results_file(tmp_path):
+    evals = [{"step": s, "eval/elapsed_s": t, "eval/blank_accuracy": b, "eval/exact_accuracy": e, "eval/count": 256}
+             for s, t, b, e in [(100, 70.0, 0.5, 0.0), (200, 130.0, 0.9, 0.25), (300, 250.0, 0.975, 0.875)]]
+    run = {"label": "TRM", "recipe": "cfg_pretrain_trm_cpu", "compiled": True, "last_step": 300, "wall_s": 255.0,
+           "stopped_at_budget": False, "median_examples_per_s": 150.0, "evals": evals}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"task": "sudoku", "minutes": 5, "machine": "CPU test", "results": [run]}))
+    return path
+
+
+def test_quickstart_table_shows_the_last_evaluation_finished_by_each_checkpoint(tmp_path):
+    out = script("benchmark_quickstart.py", "--report", str(results_file(tmp_path)), "--checkpoints", "1,2,3,4.5")
+    assert out.returncode == 0, out.stderr
+    rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| ") and "min |" in ln]
+    assert rows == ["| 1 min | no eval yet |",            # the first evaluation ended at 70 s
+                    "| 2 min | 0.500 / 0.000 (100) |",    # 130 s is past 2 min
+                    "| 3 min | 0.900 / 0.250 (200) |",
+                    "| 4.5 min | 0.975 / 0.875 (300) |"]
+    assert "final eval at 250 s on 256 puzzles: blank 0.975, exact 0.875" in out.stdout
+
+
+def test_quickstart_bad_input_is_one_error_line(tmp_path):
+    bad = tmp_path / "results.json"
+    bad.write_text("{}")
+    out = script("benchmark_quickstart.py", "--report", str(bad))
+    assert out.returncode == 2 and out.stderr.startswith(f"error: --report {bad}: not a results.json")
+    out = script("benchmark_quickstart.py", "--runs", "GPT")
+    assert out.returncode == 2 and "unknown GPT" in out.stderr
