@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from utils.device import describe, select_device  # noqa: E402
+from utils.device import select_device  # noqa: E402
+from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.optimizer_utils import AdamATan2, native_unavailable_reason  # noqa: E402
 
 LR, BETAS, WEIGHT_DECAY = 1e-4, (0.9, 0.95), 0.1  # HRM's cfg_pretrain
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = select_device(args.device).device
-    print(f"torch {torch.__version__}, {describe(device)}; lr {LR}, betas {BETAS}, weight_decay {WEIGHT_DECAY}; "
+    print(f"{machine_line(device)}\nlr {LR}, betas {BETAS}, weight_decay {WEIGHT_DECAY}; "
           f"median of {args.steps} interleaved steps after {args.warmup} warm-up steps")
     for key in args.sets.split(","):
         bench_set(*sets[key], device, args)

@@ -41,9 +41,8 @@ from tqdm import tqdm  # noqa: E402
 
 from utils.config import PretrainConfig, build_config, merge_layers, recipe_layers, to_dict  # noqa: E402
 from utils.data.builders import build_dataset  # noqa: E402
-from utils.device import cpu_bf16_features  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from utils.hardware_optimizer import detect_gpu_info  # noqa: E402
+from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.run.main import ArgumentParser, cli_main  # noqa: E402
 
 
@@ -95,12 +94,6 @@ def ensure_data(recipe: str) -> tuple[Path, float | None]:
     return path, time.perf_counter() - start
 
 
-def machine_line() -> str:
-    """The CPU in one line: model, cores and native-bf16 features (AVX512-BF16/AMX)."""
-    info = detect_gpu_info("cpu")
-    bf16 = ", ".join(cpu_bf16_features()) or "none: bf16 is emulated, runs use fp32"
-    return f"CPU {info['cpu_name']}, {info['cpu_cores']} cores, bf16 features: {bf16}; torch {info['torch_version']}"
-
 
 def run_recipe(label: str, recipe: str, extra: tuple[str, ...], data: Path, out: Path, budget_s: float) -> dict:
     """Run ``pretrain.py`` on ``recipe`` for at most ``budget_s`` seconds; return what the table needs.
@@ -138,7 +131,7 @@ def run_recipe(label: str, recipe: str, extra: tuple[str, ...], data: Path, out:
     decision = OmegaConf.load(run_dir / "plan.yaml")["decisions"]["torch.compile"]["value"]
     compiled = decision == "on" and "torch.compile failed" not in log_path.read_text(errors="replace")
     result = {"label": label, "recipe": recipe, "extra": list(extra), "wall_s": wall, "stopped_at_budget": stopped,
-              "compiled": compiled, "evals": evals, "last_step": train[-1]["step"] if train else 0,
+              "compiled": compiled, "evals": evals, "last_step": max((p["step"] for p in points), default=0),
               "median_examples_per_s": speeds[len(speeds) // 2] if speeds else None}
     return result
 

@@ -35,7 +35,7 @@ from models import build_model, validate_arch  # noqa: E402
 from models.sparse_embedding import SparseEmbeddingSignSGD  # noqa: E402
 from utils.config import PretrainConfig, build_config, command_line_layer, merge_layers, recipe_layers, to_dict  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
-from utils.hardware_optimizer import compile_model, detect_gpu_info  # noqa: E402
+from utils.hardware_optimizer import compile_model, machine_line  # noqa: E402
 from utils.optimizer_utils import get_adam_atan2_optimizer  # noqa: E402
 from utils.run.main import ArgumentParser, cli_main  # noqa: E402
 
@@ -167,14 +167,6 @@ def bench_model(name: str, arch: dict, batch_size: int, device: torch.device, dt
         row["compiled_speedup"] = statistics.median(e / c for e, c in zip(times["eager"], times["compiled"]))
     return row
 
-
-def machine_line(device: torch.device) -> str:
-    """The hardware in one line: the CPU model, cores and bf16 features, or the GPU."""
-    info = detect_gpu_info(device)
-    cpu = (f"CPU {info['cpu_name']}, {info['cpu_cores']} cores, torch {info['torch_threads']} threads, "
-           f"bf16 features: {', '.join(info['cpu_bf16_features']) or 'none'}")
-    gpu = f"GPU {info['gpu_name']}, " if info["gpu_name"] else ""
-    return f"{gpu}{cpu}; torch {info['torch_version']}"
 
 
 def format_table(rows: list[dict]) -> str:
