@@ -574,7 +574,7 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
                     n = window.pop("n")
                     values = {f"train/{k}": v / n for k, v in window.items()}
                     values.update({"train/lr": schedule.lr(state["step"]), "train/nonfinite_steps": guard.total,
-                                   "train/elapsed_s": time.time() - t_start, "epoch": epoch})
+                                   "train/elapsed_s": time.time() - t_start, "epoch": epoch + 1})
                     metrics.log(state["step"], values)
                     bar.set_postfix(loss=f"{values['train/loss']:.4f}", lr=f"{values['train/lr']:.2e}")
                     window = {}
