@@ -92,3 +92,24 @@ def test_quickstart_bad_input_is_one_error_line(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith(f"error: --report {bad}: not a results.json")
     out = script("benchmark_quickstart.py", "--runs", "GPT")
     assert out.returncode == 2 and "unknown GPT" in out.stderr
+
+
+def test_cape_learning_table_gives_the_ratio_to_the_copy_support_baseline_and_whether_pck_rose():
+    from scripts.benchmark_cape_learning import report
+
+    val = [{"epoch": e + 1, "val/elapsed_s": 60.0 * (e + 1), "val/PCK@0.2": p, "val/copy_support_PCK@0.2": 40.0}
+           for e, p in enumerate([30.0, 50.0, 60.0])]
+    test = {"test/PCK@0.2": 58.0, "test/copy_support_PCK@0.2": 29.0}
+    lines = report([{"train/loss": 1.0}, *val, test]).splitlines()
+    assert lines[1].split() == ["1", "1.0", "30.00", "40.00", "0.75"]
+    assert lines[3].split() == ["3", "3.0", "60.00", "40.00", "1.50"]
+    assert lines[4] == "val (unseen categories): first 30.00, best 60.00, last 60.00; rising"
+    assert lines[5] == "test (unseen categories): PCK@0.2 58.00, copy-support 29.00, ratio 2.00"
+    assert report(val[:1]).splitlines()[-1].endswith("NOT rising")
+
+
+def test_cape_learning_refuses_a_used_output_folder(tmp_path):
+    (tmp_path / "old.txt").write_text("keep me")
+    out = script("benchmark_cape_learning.py", "--output-dir", str(tmp_path))
+    assert out.returncode == 2 and f"--output-dir {tmp_path} is not empty" in out.stderr
+    assert (tmp_path / "old.txt").read_text() == "keep me"
