@@ -1,6 +1,8 @@
 """Every setting and command-line flag, driven with bad values: 0, negative, the wrong type, absurdly large, a
 missing path. Each must end with exit code 2 and one ``error:`` line, never a traceback."""
 
+import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -263,3 +265,24 @@ def test_script_flag(tmp_path, capsys, script, flags, fragment):
     finally:
         _sys.argv = old
     assert_one_line(capsys, code, fragment)
+
+
+def test_sudoku_builder_on_a_latin1_csv(tmp_path, capsys):
+    source = tmp_path / "src"
+    source.mkdir()
+    for split in ("train", "test"):
+        (source / f"{split}.csv").write_bytes(b"source,question,answer,rating\ncaf\xe9," + b"." * 81 + b"," + b"1" * 81 + b",0\n")
+    argv = ["--source-dir", str(source), "--output-dir", str(tmp_path / "out")]
+    assert_one_line(capsys, exit_code(lambda: cli_main(lambda: build_sudoku_main(argv) and 0)), "is not UTF-8 text")
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_and_test_data_that_do_not_fit_one_model_fail_before_training(sudoku_dir, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(sudoku_dir, other)
+    meta = json.loads((other / "test" / "dataset.json").read_text())
+    (other / "test" / "dataset.json").write_text(json.dumps(meta | {"vocab_size": meta["vocab_size"] + 1}))
+    run = tmp_path / "run"
+    code = pretrain.main([*BASE, f"data_paths=[{sudoku_dir}]", f"data_paths_test=[{other}]", f"checkpoint_path={run}"])
+    assert_one_line(capsys, code, "train and test disagree on vocab_size (11 vs 12)")
+    assert not list(run.glob("step_*.pt"))  # found before the first step, not at the first evaluation
