@@ -177,7 +177,7 @@ def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsy
     report = json.loads((out / "pck_report.json").read_text())
     assert report["pck"] * 100 == pytest.approx(final["test/PCK@0.2"]) and report["subset"] == "test"
     assert safe_load(out / "best.pt")["model_config"]["model"] == "capeformer_lite"
-    assert list((out / "pictures").glob("poses_step_*.png")) and any((out / "tensorboard").iterdir())
+    assert list((out / "pictures").glob("val_poses_step_*.png")) and any((out / "tensorboard").iterdir())
     assert json.loads((out / "run.json").read_text())["best"] == "best.pt"
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 import evaluate
 import pretrain
@@ -159,3 +160,5 @@ def test_arc_run_scores_with_voting_saves_outputs_and_pictures(arc_dir, tmp_path
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
     assert "eval/example_0" in events.Tags()["images"]
+    picture = Image.open(run / "pictures" / f"eval_example_0_step_{step}.png")
+    assert picture.mode == "RGB" and min(picture.size) > 8

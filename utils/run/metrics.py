@@ -4,6 +4,7 @@ Layout inside the run directory (the same for ``pretrain.py`` and the CAPE train
 
     metrics.jsonl     one JSON object per log point: {"step": N, "train/...": ..., "eval/...": ...}
     tensorboard/      TensorBoard event files (scalars and pictures)
+    pictures/         the same pictures as PNG files, <tag with / as _>_step_<N>.png, to open without TensorBoard
 
 After a resume from step S, lines and events after S (written by the interrupted process after
 its last checkpoint) are dropped, so the log continues from S without duplicate steps.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class MetricsWriter:
 
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.pictures = run_dir / "pictures"
         if resume_step is not None:
             dropped = _truncate_after(run_dir / "metrics.jsonl", resume_step)
             if dropped:
@@ -98,11 +101,14 @@ class MetricsWriter:
             self.wandb.log(dict(values), step=step)
 
     def log_images(self, step: int, images: dict[str, Any]) -> None:
-        """Send pictures (PIL images or ``[H, W, 3]`` uint8 arrays) to TensorBoard (and W&B)."""
+        """Send pictures (PIL images or ``[H, W, 3]`` uint8 arrays) to TensorBoard (and W&B), and write each as
+        ``pictures/<tag>_step_<step>.png`` (``/`` in the tag becomes ``_``)."""
         if not self.enabled:
             return
+        self.pictures.mkdir(exist_ok=True)
         for tag, image in images.items():
             array = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)
+            Image.fromarray(array).save(self.pictures / f"{tag.replace('/', '_')}_step_{step}.png")
             self.tb.add_image(tag, array, step, dataformats="HWC")
             if self.wandb is not None:
                 import wandb
