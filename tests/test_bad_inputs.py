@@ -286,3 +286,18 @@ def test_train_and_test_data_that_do_not_fit_one_model_fail_before_training(sudo
     code = pretrain.main([*BASE, f"data_paths=[{sudoku_dir}]", f"data_paths_test=[{other}]", f"checkpoint_path={run}"])
     assert_one_line(capsys, code, "train and test disagree on vocab_size (11 vs 12)")
     assert not list(run.glob("step_*.pt"))  # found before the first step, not at the first evaluation
+
+
+def test_an_unreadable_image_in_a_dataloader_worker_is_one_line(cape_root, tmp_path, capsys):
+    """The worker's error reaches the main process wrapped in its traceback; the user sees the one line."""
+    from models import train_cape_episodic as cape
+    root = tmp_path / "data"
+    shutil.copytree(cape_root, root)
+    for image in (root / "images").rglob("*.png"):
+        image.write_bytes(b"")  # e.g. a placeholder or an interrupted download
+    code = exit_code(lambda: cape.main(["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4",
+                                        "--image_size", "64", "--device", "cpu", "--queries", "2", "--epochs", "1",
+                                        "--episodes_per_epoch", "1", "--batch_size", "1", "--accumulation_steps", "1",
+                                        "--num_workers", "1", "--data_root", str(root),
+                                        "--output_dir", str(tmp_path / "run")]))
+    assert_one_line(capsys, code, "cannot read image ")

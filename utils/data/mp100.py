@@ -540,7 +540,8 @@ def load_instance(inst: Instance, image_size: int, augment: Augmentation | None 
             crop = im.convert("RGB").transform((image_size, image_size), Image.AFFINE, to_orig.flatten().tolist(),
                                                resample=Image.BILINEAR)
     except (OSError, ValueError) as e:
-        raise MP100FormatError(f"cannot read image {inst.image_path} (annotation {inst.ann_id}): {e}") from e
+        raise MP100FormatError(f"cannot read image {inst.image_path} (annotation {inst.ann_id}): {e}; replace it with the "
+                                f"dataset's copy (an empty or cut-off file is an interrupted download)") from e
     img = np.asarray(crop, np.float32) / 255.0
     if augment is not None and augment.colour > 0:
         img = _jitter_colour(img, rng, augment.colour)

@@ -39,10 +39,24 @@ def setup_logging(rank: Dist = Dist()) -> None:
     logging.getLogger().setLevel(logging.INFO if rank.is_main else logging.WARNING)
 
 
+def one_line(error: Exception) -> str:
+    """``error``'s message as one line.
+
+    A DataLoader worker's exception reaches the main process re-raised as the same type, but with the
+    worker's whole traceback as its message ("Caught X in DataLoader worker process 0. Original Traceback
+    ..."); the original message is the last line, after ``module.X: ``.
+    """
+    message = str(error)
+    if message.startswith("Caught ") and "Original Traceback" in message:
+        last = message.rstrip().splitlines()[-1]
+        message = last.split(": ", 1)[1] if last.startswith(f"{type(error).__module__}.{type(error).__name__}: ") else last
+    return " ".join(message.split("\n"))
+
+
 def report_error(error: Exception, rank: Dist = Dist()) -> int:
     """Print ``error`` as one line on stderr (prefixed with the rank under torchrun); return its exit code."""
     where = f"[rank {rank.rank}] " if rank.world_size > 1 else ""
-    print(f"{where}error: {error}", file=sys.stderr, flush=True)
+    print(f"{where}error: {one_line(error)}", file=sys.stderr, flush=True)
     return error.exit_code
 
 
