@@ -118,6 +118,21 @@ def cpuinfo() -> str:
         return ""
 
 
+def cpu_name() -> str:
+    """The CPU model as the OS names it (/proc/cpuinfo, macOS sysctl), else the platform's processor or machine."""
+    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo(), re.MULTILINE)
+    if m:
+        return m.group(1).strip()
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5)
+            if out.stdout.strip():
+                return out.stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
 def cpu_bf16_features() -> list[str]:
     """The x86 CPU flags that give native bf16 matmuls (AVX512-BF16, AMX), sorted; empty elsewhere."""
     return sorted(set(re.findall(r"\b(avx512_bf16|amx_bf16|amx_tile)\b", cpuinfo())))
@@ -290,5 +305,5 @@ def describe(device: torch.device) -> str:
                 f"cuDNN {torch.backends.cudnn.version()}")
     if device.type == "mps":
         return f"Apple Silicon GPU (MPS), macOS {platform.mac_ver()[0]}"
-    return f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return f"CPU {cpu_name()}, {torch.get_num_threads()} threads"
 

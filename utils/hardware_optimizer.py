@@ -17,7 +17,6 @@ import os
 import platform
 import re
 import resource
-import subprocess
 import time
 import warnings
 from typing import Any, Callable, Iterable
@@ -26,7 +25,7 @@ import torch
 from torch import nn
 
 from utils.config import ConfigError
-from utils.device import (DeviceError, bf16_support, compile_decision, configure_backends, cpu_bf16_features, cpuinfo,
+from utils.device import (DeviceError, bf16_support, compile_decision, configure_backends, cpu_bf16_features, cpu_name,
                           host_memory, select_device, select_dtype)
 
 log = logging.getLogger(__name__)
@@ -71,20 +70,6 @@ def _cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def _cpu_name() -> str:
-    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo(), re.MULTILINE)
-    if m:
-        return m.group(1).strip()
-    if platform.system() == "Darwin":
-        try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5)
-            if out.stdout.strip():
-                return out.stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine()
-
-
 def _as_device(device: torch.device | str | None) -> torch.device:
     return select_device("auto").device if device is None else torch.device(device)
 
@@ -109,7 +94,7 @@ def detect_gpu_info(device: torch.device | str | None = None) -> dict[str, Any]:
         "device": device.type, "gpu_available": device.type != "cpu", "gpu_name": None, "gpu_memory_gb": None,
         "gpu_count": 0, "compute_capability": None, "supports_bfloat16": bf16, "bfloat16_reason": bf16_reason,
         "supports_tf32": False, "cuda_version": torch.version.cuda, "cudnn_version": None,
-        "torch_version": torch.__version__, "cpu_name": _cpu_name(), "cpu_cores": _cpu_count(),
+        "torch_version": torch.__version__, "cpu_name": cpu_name(), "cpu_cores": _cpu_count(),
         "torch_threads": torch.get_num_threads(), "cpu_bf16_features": cpu_bf16_features(),
         "system_memory_gb": host_memory() / GiB,
     }
