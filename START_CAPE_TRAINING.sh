@@ -79,7 +79,7 @@ case "$DEVICE" in
     # or the torchvision cache; --recipe pose_anything for the graph decoder on SwinV2-T.
     DEFAULTS=(--recipe capeformer) ;;
   *)
-    # CPU quickstart, about 10 minutes on 2 cores (+1 to build the data): capeformer_lite (the CapeFormer network
+    # CPU quickstart, about 6 minutes on a 2-core AVX512-BF16 CPU (+25 s to build the data): capeformer_lite (the CapeFormer network
     # sized for a CPU, ResNet-18 at 128 px), 1 support + 8 queries per step (many small steps learn faster here
     # than the GPU's batch of 16), and a short protocol evaluation (the first episodes of the papers' draw).
     DEFAULTS=(--model capeformer_lite --image_size 128 --queries 8 --batch_size 1 --accumulation_steps 1

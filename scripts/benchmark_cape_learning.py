@@ -7,7 +7,7 @@ minutes elapsed, the model's PCK@0.2, the baseline's PCK@0.2 on the same episode
 The baseline ("copy the support keypoints", in crop coordinates) is measured in the same run, so the
 ratio is comparable across machines while the minutes are not.
 
-    python scripts/benchmark_cape_learning.py                       # the CPU quickstart, about 10 minutes
+    python scripts/benchmark_cape_learning.py                       # the CPU quickstart, about 6.5 minutes on 2 cores
     python scripts/benchmark_cape_learning.py --output-dir /tmp/cape-bench -- --epochs 4
     MP100_ROOT=/data/mp100 python scripts/benchmark_cape_learning.py -- --split 2
 
