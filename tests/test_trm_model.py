@@ -28,7 +28,7 @@ SUDOKU_TRM_MLP = {**SUDOKU_TRM, "mlp_t": True, "pos_encodings": "none"}
 F32 = torch.float32
 # Written out from the reference model (TinyRecursiveModels, models/recursive_reasoning/trm.py) built
 # with the configs above: keys in state-dict order, shapes and dtypes.
-EXPECTED_MLP_T = [
+SHARED_HEAD = [  # the same in both variants
     ("inner.H_init", (512,), torch.bfloat16),
     ("inner.L_init", (512,), torch.bfloat16),
     ("inner.embed_tokens.embedding_weight", (11, 512), F32),
@@ -36,6 +36,8 @@ EXPECTED_MLP_T = [
     ("inner.q_head.weight", (2, 512), F32),
     ("inner.q_head.bias", (2,), F32),
     ("inner.puzzle_emb.weights", (1, 512), F32),
+]
+EXPECTED_MLP_T = SHARED_HEAD + [
     ("inner.L_level.layers.0.mlp_t.gate_up_proj.weight", (1024, 97), F32),
     ("inner.L_level.layers.0.mlp_t.down_proj.weight", (97, 512), F32),
     ("inner.L_level.layers.0.mlp.gate_up_proj.weight", (3072, 512), F32),
@@ -45,14 +47,7 @@ EXPECTED_MLP_T = [
     ("inner.L_level.layers.1.mlp.gate_up_proj.weight", (3072, 512), F32),
     ("inner.L_level.layers.1.mlp.down_proj.weight", (512, 1536), F32),
 ]
-EXPECTED_ATTENTION = [
-    ("inner.H_init", (512,), torch.bfloat16),
-    ("inner.L_init", (512,), torch.bfloat16),
-    ("inner.embed_tokens.embedding_weight", (11, 512), F32),
-    ("inner.lm_head.weight", (11, 512), F32),
-    ("inner.q_head.weight", (2, 512), F32),
-    ("inner.q_head.bias", (2,), F32),
-    ("inner.puzzle_emb.weights", (1, 512), F32),
+EXPECTED_ATTENTION = SHARED_HEAD + [
     ("inner.L_level.layers.0.self_attn.qkv_proj.weight", (1536, 512), F32),
     ("inner.L_level.layers.0.self_attn.o_proj.weight", (512, 512), F32),
     ("inner.L_level.layers.0.mlp.gate_up_proj.weight", (3072, 512), F32),
