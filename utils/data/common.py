@@ -1,17 +1,21 @@
 """Pieces every puzzle-dataset builder shares: the output-directory rules, the atomic build, the dihedral
-transforms, and writing a split of one-example puzzles in the HRM on-disk format (utils/data/puzzle_dataset.py).
+transforms, generating distinct puzzles (in parallel, deterministically), subsampling the training set, and
+writing a split of one-example puzzles in the HRM on-disk format (utils/data/puzzle_dataset.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import shutil
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
+from tqdm import tqdm
 
 from utils.data.puzzle_dataset import DatasetError
 
@@ -91,6 +95,67 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
             raise DatasetError(f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path")
         if not (output_dir / "identifiers.json").exists():
             raise DatasetError(f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)")
+
+
+def generate_distinct(work: Callable[[int], tuple[np.ndarray, np.ndarray]], key: Callable[[np.ndarray, np.ndarray], bytes],
+                      count: int, workers: int = 1, exclude: set[bytes] | None = None, desc: str = "generate",
+                      unit: str = "puzzle", chunksize: int = 8) -> tuple[np.ndarray, np.ndarray, set[bytes]]:
+    """``count`` (question, answer) pairs from ``work(0), work(1), ...``, keeping a pair only when its
+    ``key`` is new (not in ``exclude`` and not kept before); a rejected index is replaced by the next one.
+
+    Which indices are kept depends only on ``work`` and ``key``, so with ``work(k)`` seeded by ``k`` the
+    result is the same for any number of ``workers`` (``work`` must be picklable when ``workers > 1``).
+
+    Returns:
+        questions and answers stacked ``[count, ...]``, and the keys seen (``exclude`` plus the new ones).
+    """
+    seen = set(exclude or ())
+    questions, answers = [], []
+    next_index = 0
+    with (multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext()) as pool, \
+            tqdm(total=count, desc=desc, unit=unit) as bar:
+        while len(questions) < count:
+            indices = range(next_index, next_index + count - len(questions))
+            next_index = indices.stop
+            for q, a in (pool.imap(work, indices, chunksize=chunksize) if pool else map(work, indices)):
+                k = key(q, a)
+                if k not in seen:
+                    seen.add(k)
+                    questions.append(q)
+                    answers.append(a)
+                    bar.update(1)
+    return np.stack(questions), np.stack(answers), seen
+
+
+def generate_train_test(generate: Callable[..., tuple[np.ndarray, np.ndarray, set[bytes]]], train_size: int,
+                        test_size: int, workers: int, noun: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Generate the training split (stream 0), then the test split (stream 1) excluding every training key,
+    so no test puzzle is a training puzzle or equivalent to one; prints the rate.
+
+    ``generate(count, stream, exclude, desc)`` returns (questions, answers, keys seen), as a builder's
+    ``generate_distinct`` does. Returns train questions, train answers, test questions, test answers.
+    """
+    start = time.perf_counter()
+    train_q, train_a, seen = generate(train_size, 0, None, "generate train")
+    test_q, test_a, _ = generate(test_size, 1, seen, "generate test")
+    seconds = time.perf_counter() - start
+    print(f"generated {train_size + test_size} {noun} in {seconds:.1f} s "
+          f"({(train_size + test_size) / seconds:.1f} {noun}/s, {workers} worker(s))")
+    return train_q, train_a, test_q, test_a
+
+
+def subsample_training(questions: np.ndarray, answers: np.ndarray, subsample_size: int | None,
+                       rng: np.random.Generator, noun: str) -> tuple[np.ndarray, np.ndarray]:
+    """Keep ``subsample_size`` training pairs drawn without replacement by ``rng`` (all of them, with a note,
+    when there are no more than that; unchanged when ``subsample_size`` is None), as the reference builders'
+    ``--subsample-size`` does."""
+    if subsample_size is None:
+        return questions, answers
+    if subsample_size >= len(questions):
+        print(f"--subsample-size {subsample_size} >= {len(questions)} training {noun}: keeping all")
+        return questions, answers
+    keep = rng.choice(len(questions), size=subsample_size, replace=False)
+    return questions[keep], answers[keep]
 
 
 @contextlib.contextmanager

@@ -24,22 +24,20 @@ Example (the reference "Maze-Hard 30x30 1k" with augmentation, the TRM recipe):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import math
-import multiprocessing
 import os
-import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.puzzle_dataset import DatasetError
+from utils.data import common
 from utils.data.common import (check_output_dir, check_source_and_sizes, dihedral, staged_dataset,
                                write_one_example_split)
+from utils.data.puzzle_dataset import DatasetError
 from utils.run.main import ArgumentParser
 
 CHARSET = "# SGo"  # token = index + 1; 0 is the pad
@@ -294,24 +292,10 @@ def generate_distinct(count: int, seed: int, stream: int, size: int, min_path_le
     Returns:
         questions, answers uint8 [count, size, size] tokens, and the keys seen (``exclude`` plus the new ones).
     """
-    seen = set(exclude or ())
-    questions, answers = [], []
-    next_index = 0
     work = partial(_generate_one, seed=seed, stream=stream, size=size, min_path_length=min_path_length,
                    wall_density=wall_density)
-    with (multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext()) as pool, \
-            tqdm(total=count, desc=desc, unit="maze") as bar:
-        while len(questions) < count:
-            indices = range(next_index, next_index + count - len(questions))
-            next_index = indices.stop
-            for q, a in (pool.imap(work, indices, chunksize=4) if pool else map(work, indices)):
-                key = maze_key(q)
-                if key not in seen:
-                    seen.add(key)
-                    questions.append(q)
-                    answers.append(a)
-                    bar.update(1)
-    return np.stack(questions), np.stack(answers), seen
+    return common.generate_distinct(work, lambda q, a: maze_key(q), count, workers, exclude, desc, unit="maze",
+                                    chunksize=4)
 
 
 # ----------------------------------------------------------------------------------------
@@ -368,14 +352,10 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
     check_output_dir(output_dir, overwrite)
 
     if generate:
-        start = time.perf_counter()
-        train_q, train_a, seen = generate_distinct(train_size, seed, 0, size, min_path_length, wall_density, workers,
-                                                   desc="generate train")
-        test_q, test_a, _ = generate_distinct(test_size, seed, 1, size, min_path_length, wall_density, workers,
-                                              exclude=seen, desc="generate test")
-        seconds = time.perf_counter() - start
-        print(f"generated {train_size + test_size} mazes in {seconds:.1f} s "
-              f"({(train_size + test_size) / seconds:.1f} mazes/s, {workers} worker(s))")
+        train_q, train_a, test_q, test_a = common.generate_train_test(
+            lambda count, stream, exclude, desc: generate_distinct(count, seed, stream, size, min_path_length,
+                                                                   wall_density, workers, exclude, desc),
+            train_size, test_size, workers, "mazes")
     else:
         source_dir = Path(source_dir)
         train_q, train_a = read_maze_csv(source_dir / "train.csv")
@@ -383,12 +363,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
         if train_q.shape[1:] != test_q.shape[1:]:
             raise DatasetError(f"{source_dir}: train.csv holds {train_q.shape[1]}x{train_q.shape[2]} mazes but test.csv "
                                f"{test_q.shape[1]}x{test_q.shape[2]}; one model needs one size")
-    if subsample_size is not None:
-        if subsample_size < len(train_q):
-            keep = np.random.default_rng(seed).choice(len(train_q), size=subsample_size, replace=False)
-            train_q, train_a = train_q[keep], train_a[keep]
-        else:
-            print(f"--subsample-size {subsample_size} >= {len(train_q)} training mazes: keeping all")
+    train_q, train_a = common.subsample_training(train_q, train_a, subsample_size, np.random.default_rng(seed), "mazes")
 
     with staged_dataset(output_dir) as staging:
         _write_split(staging / "train", train_q, train_a, aug)

@@ -20,18 +20,16 @@ Example (the HRM "Sudoku-Extreme 1k" recipe):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
-import multiprocessing
 import os
-import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
+from utils.data import common
 from utils.data.common import check_output_dir, check_source_and_sizes, staged_dataset, write_one_example_split
 from utils.data.puzzle_dataset import DatasetError
 from utils.run.main import ArgumentParser
@@ -221,23 +219,9 @@ def generate_distinct(count: int, seed: int, stream: int, min_blanks: int, max_b
         questions uint8 [count, 81], answers uint8 [count, 81] (digits, 0 = blank),
         and the fingerprints seen (``exclude`` plus the new ones).
     """
-    seen = set(exclude or ())
-    questions, answers = [], []
-    next_index = 0
     work = partial(_generate_one, seed=seed, stream=stream, min_blanks=min_blanks, max_blanks=max_blanks)
-    with (multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext()) as pool, \
-            tqdm(total=count, desc=desc, unit="puzzle") as bar:
-        while len(questions) < count:
-            indices = range(next_index, next_index + count - len(questions))
-            next_index = indices.stop
-            for q, a in (pool.imap(work, indices, chunksize=8) if pool else map(work, indices)):
-                fp = grid_fingerprints(a[None])[0]
-                if fp not in seen:
-                    seen.add(fp)
-                    questions.append(q)
-                    answers.append(a)
-                    bar.update(1)
-    return np.stack(questions), np.stack(answers), seen
+    return common.generate_distinct(work, lambda q, a: grid_fingerprints(a[None])[0], count, workers, exclude, desc,
+                                    unit="puzzle", chunksize=8)
 
 
 # ----------------------------------------------------------------------------------------
@@ -471,24 +455,15 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     if generate:
-        start = time.perf_counter()
-        train_q, train_a, seen = generate_distinct(train_size, seed, 0, min_blanks, max_blanks, workers,
-                                                   desc="generate train")
-        test_q, test_a, _ = generate_distinct(test_size, seed, 1, min_blanks, max_blanks, workers, exclude=seen,
-                                            desc="generate test")
-        seconds = time.perf_counter() - start
-        print(f"generated {train_size + test_size} puzzles in {seconds:.1f} s "
-              f"({(train_size + test_size) / seconds:.1f} puzzles/s, {workers} worker(s))")
+        train_q, train_a, test_q, test_a = common.generate_train_test(
+            lambda count, stream, exclude, desc: generate_distinct(count, seed, stream, min_blanks, max_blanks, workers,
+                                                                   exclude, desc),
+            train_size, test_size, workers, "puzzles")
     else:
         source_dir = Path(source_dir)
         train_q, train_a = read_sudoku_csv(source_dir / "train.csv", min_difficulty)
         test_q, test_a = read_sudoku_csv(source_dir / "test.csv", min_difficulty)
-    if subsample_size is not None:
-        if subsample_size < len(train_q):
-            keep = subsample_rng.choice(len(train_q), size=subsample_size, replace=False)
-            train_q, train_a = train_q[keep], train_a[keep]
-        else:
-            print(f"--subsample-size {subsample_size} >= {len(train_q)} training puzzles: keeping all")
+    train_q, train_a = common.subsample_training(train_q, train_a, subsample_size, subsample_rng, "puzzles")
 
     with staged_dataset(output_dir) as staging:
         _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
