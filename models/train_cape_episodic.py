@@ -617,8 +617,7 @@ def validate(model, split, loader, amp, device, args, state, metrics, run_path: 
         metrics.log(state["step"], {"val/PCK@0.2": pck, "val/copy_support_PCK@0.2": 100 * baseline.pck(),
                                     "val/elapsed_s": time.time() - t_start, "epoch": state["epoch"]})
         if first is not None:
-            image, _ = pose_grid(*first)
-            metrics.log_images(state["step"], {"val/poses": image})
+            metrics.log_images(state["step"], {"val/poses": pose_grid(*first)})
         log.info("epoch %d: val PCK@0.2 %.2f (copy-support %.2f, %d queries)%s; %.0fs elapsed", state["epoch"], pck,
                  100 * baseline.pck(), len(ours.records), " new best" if improved else "", time.time() - t_start)
     improved, state["best_val_pck"] = main_decides((improved, state["best_val_pck"]), rank)

@@ -33,15 +33,15 @@ def colours_near(array, origin, x, y, radius):
     return {tuple(c) for c in patch.reshape(-1, 3).tolist()}
 
 
-def test_grid_size_and_array():
+def test_grid_size_and_pixel_format():
     batch = {k: torch.cat([v] * 3) for k, v in black_batch().items()}        # 3 episodes
     batch["query_image"] = torch.cat([batch["query_image"]] * 4, 1)          # 4 queries each
     for key in ("query_keypoints", "query_visible"):
         batch[key] = torch.cat([batch[key]] * 4, 1)
-    image, array = pose_grid(batch, batch["query_keypoints"], max_episodes=2, max_queries=3, tile=TILE)
-    assert image.size == (GAP + 4 * (TILE + GAP), GAP + 2 * (TILE + HEADER + GAP))
+    image = pose_grid(batch, batch["query_keypoints"], max_episodes=2, max_queries=3, tile=TILE)
+    assert image.size == (GAP + 4 * (TILE + GAP), GAP + 2 * (TILE + HEADER + GAP)) and image.mode == "RGB"
+    array = np.asarray(image)
     assert array.shape == (image.size[1], image.size[0], 3) and array.dtype == np.uint8
-    assert np.array_equal(array, np.asarray(image))
     assert tuple(array[0, 0].tolist()) == BACKGROUND
 
 
@@ -55,7 +55,7 @@ def test_keypoints_skeleton_and_prediction_are_drawn():
     assert keypoint_colours(3).tolist() == [list(RED), list(GREEN), list(BLUE)]
     batch = black_batch()
     prediction = torch.tensor([[[[0.25, 0.6], [0.75, 0.6], [0.5, 0.9]]]])
-    _, array = pose_grid(batch, prediction, tile=TILE)
+    array = np.asarray(pose_grid(batch, prediction, tile=TILE))
     support, query = tile_origin(0, 0, TILE), tile_origin(0, 1, TILE)
 
     # Support: ground truth as rings, the skeleton edge 0-1 in keypoint 0's colour, nothing for the keypoint the
@@ -74,5 +74,5 @@ def test_keypoints_skeleton_and_prediction_are_drawn():
     assert RED in colours_near(array, query, 48, 58, 1) and colours_near(array, query, 48, 24, 1) == {BLACK}
 
     del batch["adjacency"]  # no skeleton known: no lines
-    _, array = pose_grid(batch, prediction, tile=TILE)
+    array = np.asarray(pose_grid(batch, prediction, tile=TILE))
     assert colours_near(array, support, 48, 24, 1) == {BLACK}

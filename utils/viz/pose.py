@@ -10,8 +10,8 @@ tile of a row (evenly spaced hues), so a support keypoint and its prediction on 
   each line takes the colour of its lower-numbered keypoint.
 
 Crops are ImageNet-normalised in the batch (``utils/data/mp100.py``) and are un-normalised for display.
-:func:`pose_grid` returns the picture as a PIL image (for a PNG) and as an ``[H, W, 3]`` uint8 array (for
-TensorBoard's ``add_image(..., dataformats="HWC")``).
+:func:`pose_grid` returns the picture as an RGB PIL image (utils/run/metrics.MetricsWriter.log_images writes it
+as a PNG and to TensorBoard).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _draw_tile(image: torch.Tensor, tile: int, colours: np.ndarray, edges: list[
 
 
 def pose_grid(batch: dict[str, torch.Tensor], prediction: torch.Tensor, max_episodes: int = 2, max_queries: int = 3,
-              tile: int = 192) -> tuple[Image.Image, np.ndarray]:
+              tile: int = 192) -> Image.Image:
     """Draw the first episodes of a batch (see the module docstring).
 
     Args:
@@ -96,7 +96,7 @@ def pose_grid(batch: dict[str, torch.Tensor], prediction: torch.Tensor, max_epis
         max_episodes, max_queries: how many rows and query tiles per row. tile: tile side in pixels.
 
     Returns:
-        (RGB PIL image, the same pixels as an ``[H, W, 3]`` uint8 array).
+        An RGB PIL image.
     """
     episodes = min(max_episodes, batch["support_image"].shape[0])
     k, queries = batch["support_image"].shape[1], min(max_queries, batch["query_image"].shape[1])
@@ -124,4 +124,4 @@ def pose_grid(batch: dict[str, torch.Tensor], prediction: torch.Tensor, max_epis
             x, y = tile_origin(b, col, tile)
             canvas.paste(picture, (x, y))
             draw.text((x + 2, y - HEADER + 1), caption, fill=TEXT)
-    return canvas, np.asarray(canvas).copy()
+    return canvas
