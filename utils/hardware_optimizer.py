@@ -109,9 +109,6 @@ def detect_gpu_info(device: torch.device | str | None = None) -> dict[str, Any]:
     return info
 
 
-# ---- profiles and recommendations ----------------------------------------------------------------
-
-
 def machine_line(device: torch.device | str = "cpu") -> str:
     """The hardware in one line, for benchmark output beside every figure: the GPU if any, then the CPU model,
     cores, torch threads and native-bf16 features (AVX512-BF16/AMX; without them bf16 is emulated and CPU
@@ -121,6 +118,9 @@ def machine_line(device: torch.device | str = "cpu") -> str:
     gpu = f"GPU {info['gpu_name']}, " if info["gpu_name"] else ""
     return (f"{gpu}CPU {info['cpu_name']}, {info['cpu_cores']} cores, torch {info['torch_threads']} threads, "
             f"bf16 features: {bf16}; torch {info['torch_version']}")
+
+
+# ---- profiles and recommendations ----------------------------------------------------------------
 
 def profile_for_memory(gpu_memory_gb: float) -> str:
     """The NVIDIA profile for a GPU with ``gpu_memory_gb`` GiB (a "12 GB" card reports about 11.7)."""
