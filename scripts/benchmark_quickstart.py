@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from utils.config import PretrainConfig, build_config, merge_layers, recipe_layers, to_dict  # noqa: E402
+from utils.config import recipe_config  # noqa: E402
 from utils.data.builders import build_dataset  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
@@ -73,12 +73,6 @@ TASKS = {
 
 class BenchmarkError(UserError):
     """A run failed or its output could not be read."""
-
-
-def recipe_config(name: str) -> PretrainConfig:
-    """The settings of ``config/<name>.yaml`` (the defaults under the recipe's layers)."""
-    merged, _ = merge_layers([("defaults", to_dict(PretrainConfig())), *recipe_layers(name)])
-    return build_config(merged)
 
 
 def ensure_data(recipe: str) -> tuple[Path, float | None]:

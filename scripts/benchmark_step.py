@@ -33,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from models import build_model, validate_arch  # noqa: E402
 from models.sparse_embedding import SparseEmbeddingSignSGD  # noqa: E402
-from utils.config import PretrainConfig, build_config, command_line_layer, merge_layers, recipe_layers, to_dict  # noqa: E402
+from utils.config import recipe_config  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.hardware_optimizer import compile_model, machine_line  # noqa: E402
 from utils.optimizer_utils import get_adam_atan2_optimizer  # noqa: E402
@@ -71,10 +71,7 @@ def recipe_arch(recipe: str, overrides: list[str]) -> tuple[dict, int]:
     Raises:
         ConfigError: a bad recipe or override.
     """
-    cli, groups = command_line_layer(overrides)
-    merged, _ = merge_layers([("defaults", to_dict(PretrainConfig())), *recipe_layers(recipe, groups=groups),
-                              ("command line", cli)])
-    cfg = build_config(merged)
+    cfg = recipe_config(recipe, overrides)
     return validate_arch(cfg.arch), cfg.global_batch_size
 
 

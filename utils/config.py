@@ -256,6 +256,19 @@ def build_config(merged: dict) -> PretrainConfig:
     return cfg
 
 
+def recipe_config(name: str, overrides: list[str] = ()) -> PretrainConfig:
+    """The validated settings of ``config/<name>.yaml`` with ``key=value`` overrides: defaults, the recipe's
+    layers, the command line (no hardware profile: that needs a device, see pretrain.py).
+
+    Raises:
+        ConfigError: a missing recipe, a bad override, an unknown key or a bad value.
+    """
+    cli, groups = command_line_layer(list(overrides))
+    merged, _ = merge_layers([("defaults", to_dict(PretrainConfig())), *recipe_layers(name, groups=groups),
+                              ("command line", cli)])
+    return build_config(merged)
+
+
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is out of range: {rule}")
