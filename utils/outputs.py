@@ -1,0 +1,126 @@
+"""Output paths: checked before any work starts, written whole or not at all.
+
+Every command checks each path it will write (a dataset directory, a submission file, a report, a run
+directory) right after reading its arguments, so a typo or a read-only location costs a second, not a
+finished build or evaluation: :func:`check_writable_dir`, :func:`check_writable_file`. The check creates
+and removes a uniquely named probe in the nearest existing directory; it never touches anything else.
+
+The write itself goes through :func:`write_atomically`: a temporary file beside the target, then a
+rename, so a full disk leaves the previous file (or none) and one line saying what it needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from utils.errors import RunFailure, UserError
+
+
+class OutputPathError(UserError):
+    """An output path cannot be created or written (read-only, under a file, a directory where a file goes)."""
+
+
+class OutputWriteError(RunFailure):
+    """Writing an output failed part-way (full disk, quota, a vanished directory); nothing partial was left."""
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """Refuse a directory that cannot be created or written into, before any work.
+
+    ``path`` may not exist yet: then its nearest existing ancestor must be a directory that takes a new
+    directory (probed by creating and removing one).
+
+    Args:
+        path: the output directory.
+        what: how the user named it, for the message (e.g. ``"--output-dir"``).
+    Raises:
+        OutputPathError: naming ``what``, ``path``, the ancestor at fault and the reason.
+    """
+    _check_can_create(Path(path), Path(path), what)
+
+
+def check_writable_file(path: str | os.PathLike, what: str) -> None:
+    """Refuse a file path that cannot be written, before any work: an existing directory, or a parent
+    directory that cannot be created or written into (see :func:`check_writable_dir`).
+
+    Raises:
+        OutputPathError: naming ``what``, ``path`` and the reason.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{what} {path} is a directory; give the path of a file to write")
+    _check_can_create(path, path.parent, what)
+
+
+def _check_can_create(target: Path, directory: Path, what: str) -> None:
+    """Raise unless ``directory`` (where ``target`` goes), or its nearest existing ancestor, takes a new directory."""
+    directory = directory.absolute()
+    existing = next(p for p in (directory, *directory.parents) if os.path.lexists(p))
+    verb = "cannot be written" if os.path.lexists(target) else "cannot be created"
+    if not existing.is_dir():
+        raise OutputPathError(f"{what} {target} {verb}: {existing} is not a directory; choose another location")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=existing))
+    except OSError as e:
+        raise OutputPathError(f"{what} {target} {verb}: {existing} is not writable ({e.strerror or e}); "
+                              "choose a writable location") from None
+
+
+def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str) -> Path:
+    """Write ``path`` whole or not at all: ``write(f)`` fills a temporary file beside it (created with the
+    parent directories), which is synced and renamed over ``path``.
+
+    Args:
+        path: the file to write; a previous file there is replaced only once the new one is complete.
+        write: fills the open binary file it is given (and does not close it), e.g.
+            ``lambda f: torch.save(obj, f)``.
+        what: what the file is, for the message (e.g. ``"ARC submission"``).
+    Returns:
+        ``path`` as a Path.
+    Raises:
+        OutputWriteError: the write failed with an OSError (also one a library re-raised as another type,
+            as ``torch.save`` does); the message names the path, the reason, the bytes written so far and
+            the free space. The temporary file is removed; a previous file at ``path`` is intact.
+    """
+    path = Path(path)
+    written, tmp = 0, None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            try:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                written = f.tell()
+        os.replace(tmp, path)
+    except BaseException as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        cause = _os_error(e) if isinstance(e, Exception) else None  # Ctrl-C stays Ctrl-C
+        if cause is None:
+            raise
+        raise OutputWriteError(f"could not write {what} {path} ({cause.strerror or cause}) after {written:,} bytes, "
+                               f"{_free_space(path.parent)}; {path} was not changed: free some space or choose "
+                               "another location, then run again") from None
+    return path
+
+
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The OSError behind ``error``: itself, or one it was raised while handling (``torch.save`` turns a failed
+    write into a RuntimeError); None when there is none."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def _free_space(directory: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(directory).free / 2**20:,.1f} MiB free in {directory}"
+    except OSError:
+        return f"the free space in {directory} unknown"
