@@ -18,6 +18,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.puzzle_dataset import DatasetError
+from utils.outputs import OutputPathError, check_writable_dir
 
 # dihedral(dihedral(g, t), DIHEDRAL_INVERSE[t]) == g: rotations by 1 and 3 quarter turns undo each other,
 # the flips and (anti-)transposes undo themselves.
@@ -81,20 +82,28 @@ def check_source_and_sizes(source_dir, generate: bool, source_hint: str, minimum
 
 
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """Refuse to build over a file, a non-empty non-dataset directory, or a dataset without ``overwrite``.
+    """Refuse to build over a file, a non-empty non-dataset directory, or a dataset without ``overwrite``, or
+    where the dataset cannot be written: ``output_dir`` (or its nearest existing ancestor) must take a new
+    directory, and so must the parent of an existing one (the build is staged beside it and renamed over it).
+    Call it before any work.
 
     Raises:
         DatasetError: naming the path and the way out.
     """
-    if not output_dir.exists():
-        return
-    if not output_dir.is_dir():
-        raise DatasetError(f"--output-dir {output_dir} is a file; pick a directory path")
-    if any(output_dir.iterdir()):
-        if not overwrite:
-            raise DatasetError(f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path")
-        if not (output_dir / "identifiers.json").exists():
-            raise DatasetError(f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)")
+    if output_dir.exists():
+        if not output_dir.is_dir():
+            raise DatasetError(f"--output-dir {output_dir} is a file; pick a directory path")
+        if any(output_dir.iterdir()):
+            if not overwrite:
+                raise DatasetError(f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path")
+            if not (output_dir / "identifiers.json").exists():
+                raise DatasetError(f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)")
+    try:
+        check_writable_dir(output_dir, "--output-dir")
+        if output_dir.exists():
+            check_writable_dir(output_dir.parent, "--output-dir's parent")
+    except OutputPathError as e:
+        raise DatasetError(str(e)) from None
 
 
 def generate_distinct(work: Callable[[int], tuple[np.ndarray, np.ndarray]], key: Callable[[np.ndarray, np.ndarray], bytes],
