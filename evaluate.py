@@ -29,7 +29,7 @@ from utils.config import ConfigError, PretrainConfig, build_config, to_dict
 from utils.data.puzzle_dataset import PuzzleDataset, load_metadata
 from utils.device import select_device, select_dtype
 from utils.distributed import Dist
-from utils.eval.arc import ARC, score_outputs, write_json
+from utils.eval.arc import ARC, score_outputs, write_results
 from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles
 from utils.run.checkpoint import safe_load
@@ -131,10 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if arc is not None:
         arc_metrics, submission = arc.score()
         metrics.update(arc_metrics)
-        if args.submission:
-            write_json(Path(args.submission), submission)
-        if args.report:
-            write_json(Path(args.report), {k.split("/", 1)[1]: v for k, v in arc_metrics.items()})
+        write_results(arc_metrics, submission, args.submission, args.report)
     elif args.submission or args.report:
         raise ConfigError(f"--submission and --report score ARC, but {data_path} is not an ARC dataset (no test_puzzles.json)")
     if collector is not None:

@@ -46,6 +46,7 @@ from utils.data.arc import (GRID_SIZE, SEQ_LEN, COLOUR_OFFSET, crop_shapes, grid
 from utils.data.common import inverse_dihedral
 from utils.data.puzzle_dataset import DatasetError, load_metadata
 from utils.eval.outputs import OutputsError, load_outputs
+from utils.outputs import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -70,16 +71,29 @@ def rank_answers(votes: dict[bytes, list[float]]) -> list[tuple[bytes, int, floa
     return sorted(stats, key=lambda s: (s[1], s[2]), reverse=True)
 
 
-def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def write_json(path: Path, obj, what: str) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically; ``what`` names the file in an error.
+
+    Raises:
+        OutputWriteError: the write failed (full disk, ...); no partial file is left.
+    """
+    write_atomically(path, lambda f: f.write(json.dumps(obj).encode()), what)
+
+
+def write_results(metrics: dict[str, float], submission: dict, submission_path: str | os.PathLike | None,
+                  report_path: str | os.PathLike | None) -> None:
+    """Write the ARC Prize ``submission.json`` and the ``{"pass@1": ..., "pass@2": ...}`` report where asked.
+
+    Args:
+        metrics: {"ARC/pass@K": fraction}, as :meth:`ARC.score` returns.
+        submission_path, report_path: where to write each; None or "" writes none.
+    Raises:
+        OutputWriteError: a write failed; no partial file is left.
+    """
+    if submission_path:
+        write_json(Path(submission_path), submission, "ARC submission")
+    if report_path:
+        write_json(Path(report_path), {key.split("/", 1)[1]: value for key, value in metrics.items()}, "pass@K report")
 
 
 class ARC:
@@ -237,6 +251,8 @@ class ARC:
 
         Returns:
             {"ARC/pass@K": fraction} on rank 0, None on the other ranks.
+        Raises:
+            OutputWriteError: writing ``submission.json`` failed; no partial file is left.
         """
         gathered = None
         if world_size > 1:
@@ -248,7 +264,7 @@ class ARC:
             log.warning("ARC: %d rows on rank 0 belong to no task of test_puzzles.json (ignored)", self._unmatched)
         metrics, submission = self.score(gathered)
         if save_path is not None:
-            write_json(Path(save_path) / "submission.json", submission)
+            write_json(Path(save_path) / "submission.json", submission, "ARC submission")
         return metrics
 
 
@@ -266,6 +282,7 @@ def score_outputs(files, data_path: str | os.PathLike, submission_path: str | os
     Raises:
         OutputsError: bad or mismatched outputs files, or files without the keys ARC needs.
         DatasetError: a missing or malformed dataset.
+        OutputWriteError: writing the submission or the report failed; no partial file is left.
     """
     outputs = load_outputs(files)
     missing = [k for k in ARC.required_outputs if k not in outputs]
@@ -278,8 +295,5 @@ def score_outputs(files, data_path: str | os.PathLike, submission_path: str | os
         part = {k: v[start:start + batch_size] for k, v in outputs.items()}
         evaluator.update_batch(part, part)
     metrics, submission = evaluator.score()
-    if submission_path is not None:
-        write_json(Path(submission_path), submission)
-    if report_path is not None:
-        write_json(Path(report_path), {key.split("/", 1)[1]: value for key, value in metrics.items()})
+    write_results(metrics, submission, submission_path, report_path)
     return metrics

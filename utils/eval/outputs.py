@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from utils.errors import UserError
+from utils.outputs import write_atomically
 
 SAVE_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits")
 FILE_PATTERN = re.compile(r"step_(\d+)_all_preds\.(\d+)")
@@ -63,6 +64,7 @@ class OutputsCollector:
 
         Raises:
             OutputsError: the collected keys have different numbers of rows.
+            OutputWriteError: the write failed (full disk, ...); no partial file is left.
         """
         if not self._parts:
             return None
@@ -71,15 +73,8 @@ class OutputsCollector:
         if len(set(rows.values())) > 1:
             raise OutputsError(f"collected outputs disagree on the number of rows: {rows}; "
                                "update_batch() must get the same rows for every key")
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / outputs_filename(step, rank)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            torch.save(outputs, tmp)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        path = write_atomically(Path(directory) / outputs_filename(step, rank), lambda f: torch.save(outputs, f),
+                                "saved outputs")
         self._parts = {}
         return path
 
