@@ -32,6 +32,7 @@ from utils.distributed import Dist
 from utils.eval.arc import ARC, score_outputs, write_results
 from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles
+from utils.outputs import check_writable_dir, check_writable_file
 from utils.run.checkpoint import safe_load
 from utils.run.main import ArgumentParser, cli_main
 
@@ -83,6 +84,30 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def save_outputs_dir(args: argparse.Namespace) -> Optional[Path]:
+    """Where ``--save-outputs`` writes: DIR, or ``eval_<checkpoint name>`` next to the checkpoint; None when not asked."""
+    if args.save_outputs is None or not args.checkpoint:
+        return None
+    if args.save_outputs:
+        return Path(args.save_outputs)
+    checkpoint = Path(args.checkpoint)
+    return checkpoint.parent / f"eval_{checkpoint.stem}"
+
+
+def check_output_paths(args: argparse.Namespace) -> None:
+    """Refuse an output path that cannot be written before anything is loaded or evaluated.
+
+    Raises:
+        OutputPathError: naming the flag, the path and the reason.
+    """
+    where = save_outputs_dir(args)
+    if where is not None:
+        check_writable_dir(where, "--save-outputs")
+    for flag in ("submission", "report"):
+        if getattr(args, flag):
+            check_writable_file(getattr(args, flag), f"--{flag}")
+
+
 def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
     if as_json:
         print(json.dumps(metrics))
@@ -101,6 +126,7 @@ def score_saved_outputs(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_paths(args)
     if args.outputs:
         return score_saved_outputs(args)
     for flag in ("batch_size", "max_examples"):
@@ -135,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.submission or args.report:
         raise ConfigError(f"--submission and --report score ARC, but {data_path} is not an ARC dataset (no test_puzzles.json)")
     if collector is not None:
-        where = Path(args.save_outputs) if args.save_outputs else path.parent / f"eval_{path.stem}"
+        where = save_outputs_dir(args)
         step = int(payload.get("step", 0)) if isinstance(payload.get("step"), int) else 0
         log.info("saved outputs: %s", collector.save(where, step, 0))
     print_metrics(f"{path} on {data_path} (test):", metrics, args.json)
