@@ -21,6 +21,8 @@ layer each non-default value came from. The merged result is validated against
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -107,6 +109,18 @@ RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "lo
                     "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
                     "eval_max_examples", "evaluators", "eval_save_outputs")
 EVALUATORS = {"arc@ARC": "ARC", "ARC": "ARC", "arc": "ARC"}  # TRM's names, and ours
+# Every float setting: (low, high, whether high itself is excluded). The published recipes (HRM: lr 1e-4 and 7e-5,
+# puzzle_emb_lr 1e-2 and 7e-5, weight_decay 0.1 to 1.0; TRM: lr 1e-4, weight_decay 1.0, ema_rate 0.999) sit well inside.
+FLOAT_RANGES = {
+    "lr": (0, 1, False),  # 10^4 x the published 1e-4: each AdamW step moves a weight by about lr
+    "puzzle_emb_lr": (0, 1, False),  # 100 x the published 1e-2: each sign-SGD step moves an entry by exactly lr
+    "weight_decay": (0, 10, False),  # 10 x the largest published (1.0); lr * weight_decay < 1: see check_ranges
+    "puzzle_emb_weight_decay": (0, 10, False),  # as weight_decay, for the puzzle-embedding optimizer
+    "beta1": (0, 1, True),  # Adam's moment decay: at 1 the moment never moves and bias correction divides by 0
+    "beta2": (0, 1, True),  # as beta1, for the second moment
+    "lr_min_ratio": (0, 1, False),  # the cosine schedule's floor, a fraction of lr
+    "ema_rate": (0, 1, False),  # a convex weight: 0 copies the weights, 1 keeps the first ones
+}
 SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits")
 
 
@@ -269,6 +283,25 @@ def recipe_config(name: str, overrides: list[str] = ()) -> PretrainConfig:
     return build_config(merged)
 
 
+def check_number(key: str, value: Any, low: float, high: float, *, high_open: bool = False,
+                 flag_style: bool = False) -> None:
+    """Refuse a setting that is not a finite number in ``[low, high]`` (``[low, high)`` with ``high_open``).
+
+    Args:
+        key: the setting's name, shown as ``key=value`` (a config key), or as ``--key value`` with ``flag_style``
+            (a command-line flag).
+
+    Raises:
+        ConfigError: ``value`` is not a number (a bool is not one), is inf or NaN, or lies outside the range.
+    """
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+          and low <= value and (value < high if high_open else value <= high))
+    if not ok:
+        shown = f"--{key} {value!r}" if flag_style else f"{key}={value!r}"
+        interval = f"[{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ConfigError(f"{shown} is out of range: must be a finite number in {interval}")
+
+
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is out of range: {rule}")
@@ -282,16 +315,19 @@ def check_ranges(cfg: PretrainConfig) -> None:
     """
     for key in ("global_batch_size", "epochs", "eval_interval", "log_interval", "max_nonfinite_steps"):
         _require(getattr(cfg, key) >= 1, key, getattr(cfg, key), "must be at least 1")
-    for key in ("lr_warmup_steps", "keep_last_checkpoints", "seed", "lr", "weight_decay", "puzzle_emb_lr",
-                "puzzle_emb_weight_decay"):
+    for key in ("lr_warmup_steps", "keep_last_checkpoints", "seed"):
         _require(getattr(cfg, key) >= 0, key, getattr(cfg, key), "must be 0 or more")
+    for key, (low, high, high_open) in FLOAT_RANGES.items():
+        check_number(key, getattr(cfg, key), low, high, high_open=high_open)
+    for lr_key, decay_key in (("lr", "weight_decay"), ("puzzle_emb_lr", "puzzle_emb_weight_decay")):
+        product = getattr(cfg, lr_key) * getattr(cfg, decay_key)
+        _require(product < 1, decay_key, getattr(cfg, decay_key),
+                 f"{lr_key} * {decay_key} = {product:g} must be below 1: decoupled decay multiplies every weight "
+                 f"by 1 - {lr_key} * {decay_key} each step, so this would zero them or flip their sign; lower either")
     _require(cfg.epochs % cfg.eval_interval == 0, "eval_interval", cfg.eval_interval,
              f"must divide epochs ({cfg.epochs}): evaluation runs every eval_interval epochs")
     _require(cfg.eval_max_examples is None or cfg.eval_max_examples >= 1, "eval_max_examples", cfg.eval_max_examples,
              "must be at least 1, or null for the whole test split")
-    _require(0 <= cfg.lr_min_ratio <= 1, "lr_min_ratio", cfg.lr_min_ratio, "must be in [0, 1]")
-    for key in ("beta1", "beta2"):
-        _require(0 <= getattr(cfg, key) < 1, key, getattr(cfg, key), "must be in [0, 1)")
     _require(cfg.optimizer_backend in ("auto", "native", "torch", "adamw"), "optimizer_backend", cfg.optimizer_backend,
              "use auto, native, torch or adamw")
     _require(cfg.logger in ("tensorboard", "wandb"), "logger", cfg.logger, "use tensorboard or wandb")
@@ -302,7 +338,6 @@ def check_ranges(cfg: PretrainConfig) -> None:
         _require(all(isinstance(p, str) and p for p in getattr(cfg, key)), key, getattr(cfg, key),
                  "must be a list of dataset directories")
     _require(cfg.min_eval_interval >= 0, "min_eval_interval", cfg.min_eval_interval, "must be 0 or more")
-    _require(0 <= cfg.ema_rate <= 1, "ema_rate", cfg.ema_rate, "must be in [0, 1] (the reference uses 0.999)")
     bad = [k for k in cfg.eval_save_outputs if k not in SAVE_OUTPUT_KEYS]
     _require(not bad, "eval_save_outputs", cfg.eval_save_outputs, f"use any of {', '.join(SAVE_OUTPUT_KEYS)}")
     for evaluator in cfg.evaluators or []:
