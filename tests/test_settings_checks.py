@@ -1,5 +1,5 @@
-"""Settings checks of utils/config.py: finite numbers in published-recipe ranges (:func:`check_number`). Each bad
-value is one ``error:`` line and exit code 2."""
+"""Settings checks of utils/config.py: finite numbers in published-recipe ranges (:func:`check_number`) and
+evaluators by name. Each bad value is one ``error:`` line and exit code 2."""
 
 import dataclasses
 import math
@@ -89,3 +89,27 @@ def test_check_number_open_high_and_flag_style():
     with pytest.raises(ConfigError) as e:
         check_number("lr", math.inf, 0, 1e6, flag_style=True)
     assert str(e.value) == "--lr inf is out of range: must be a finite number in [0, 1e+06]"
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("evaluators=[ARC]", [{"name": "ARC"}]),
+    ("evaluators=[arc@ARC,arc]", [{"name": "arc@ARC"}, {"name": "arc"}]),
+    ("evaluators=[{name: arc@ARC}]", [{"name": "arc@ARC"}]),
+    ("evaluators=[]", []),
+    ("evaluators=null", None),
+])
+def test_evaluators_by_name(override, expected):
+    assert recipe_config("cfg_pretrain_trm_arc1", [override]).evaluators == expected
+
+
+@pytest.mark.parametrize("override,message", [
+    ("evaluators=[nosuch]", "evaluators: unknown evaluator 'nosuch'; use one of arc@ARC, ARC, arc"),
+    ("evaluators=[ARC,nosuch]", "evaluators: unknown evaluator 'nosuch'; use one of arc@ARC, ARC, arc"),
+    ("evaluators=[{name: nosuch}]", "evaluators: unknown evaluator 'nosuch'; use one of arc@ARC, ARC, arc"),
+    ("evaluators=[{nme: ARC}]", "evaluators: unknown evaluator {'nme': 'ARC'}; use one of arc@ARC, ARC, arc"),
+    ("evaluators=ARC", "evaluators=ARC is not a list: write evaluators=[ARC]"),
+])
+def test_unknown_evaluator(override, message):
+    with pytest.raises(ConfigError) as e:
+        recipe_config("cfg_pretrain_trm_arc1", [override])
+    assert str(e.value) == message

@@ -64,7 +64,8 @@ class PretrainConfig:
     checkpoint_every_eval: bool = True
     min_eval_interval: int = 0  # the first evaluation is after this many eval intervals (TRM)
     eval_max_examples: Optional[int] = None  # null: the whole test split
-    # Evaluators run on the test outputs ([{name: arc@ARC}]); null: the ARC evaluator for ARC datasets, none otherwise.
+    # Evaluators run on the test outputs ([{name: arc@ARC}], or by name: evaluators=[ARC]); null: the ARC evaluator
+    # for ARC datasets, none otherwise.
     evaluators: Optional[list[dict[str, Any]]] = None
     # Keys of the test outputs saved per evaluation as step_<N>_all_preds.<rank> (the reference's files):
     # any of inputs, labels, puzzle_identifiers, preds, q_halt_logits.
@@ -253,9 +254,12 @@ def build_config(merged: dict) -> PretrainConfig:
     """Validate a merged settings dict against :class:`PretrainConfig` (names, types, ranges).
 
     Raises:
-        ConfigError: an unknown key (the valid ones are listed), a value of the wrong type, or out of range.
+        ConfigError: an unknown key (the valid ones are listed), an unknown evaluator, a value of the wrong type,
+            or out of range.
     """
     schema = OmegaConf.structured(PretrainConfig)
+    if "evaluators" in merged:
+        merged = {**merged, "evaluators": named_evaluators(merged["evaluators"])}
     try:
         typed = OmegaConf.merge(schema, merged)
         OmegaConf.resolve(typed)
@@ -281,6 +285,25 @@ def recipe_config(name: str, overrides: list[str] = ()) -> PretrainConfig:
     merged, _ = merge_layers([("defaults", to_dict(PretrainConfig())), *recipe_layers(name, groups=groups),
                               ("command line", cli)])
     return build_config(merged)
+
+
+def named_evaluators(evaluators: Any) -> Any:
+    """``evaluators`` with each plain name (``evaluators=[ARC]``, as typed on the command line) written as the
+    ``{name: ARC}`` entry of TRM's YAML; null is returned as it is.
+
+    Raises:
+        ConfigError: a single name instead of a list, or an entry that names no evaluator of ``EVALUATORS``.
+    """
+    if isinstance(evaluators, str):
+        raise ConfigError(f"evaluators={evaluators} is not a list: write evaluators=[{evaluators}]")
+    if not isinstance(evaluators, list):
+        return evaluators
+    entries = [{"name": e} if isinstance(e, str) else e for e in evaluators]
+    for entry in entries:
+        name = entry.get("name", entry) if isinstance(entry, dict) else entry
+        if not (isinstance(name, str) and name in EVALUATORS):
+            raise ConfigError(f"evaluators: unknown evaluator {name!r}; use one of {', '.join(EVALUATORS)}")
+    return entries
 
 
 def check_number(key: str, value: Any, low: float, high: float, *, high_open: bool = False,
@@ -340,9 +363,6 @@ def check_ranges(cfg: PretrainConfig) -> None:
     _require(cfg.min_eval_interval >= 0, "min_eval_interval", cfg.min_eval_interval, "must be 0 or more")
     bad = [k for k in cfg.eval_save_outputs if k not in SAVE_OUTPUT_KEYS]
     _require(not bad, "eval_save_outputs", cfg.eval_save_outputs, f"use any of {', '.join(SAVE_OUTPUT_KEYS)}")
-    for evaluator in cfg.evaluators or []:
-        _require(isinstance(evaluator, dict) and evaluator.get("name") in EVALUATORS, "evaluators", cfg.evaluators,
-                 f"each entry is {{name: ...}} with a name in {', '.join(EVALUATORS)}")
     for key in ("project_name", "run_name"):
         value = getattr(cfg, key)
         _require(value is None or (value and os.sep not in value and value not in (".", "..")), key, value,
