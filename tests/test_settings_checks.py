@@ -1,5 +1,5 @@
-"""Settings checks of utils/config.py: finite numbers in published-recipe ranges (:func:`check_number`) and
-evaluators by name. Each bad value is one ``error:`` line and exit code 2."""
+"""Settings checks of utils/config.py: finite numbers in published-recipe ranges (:func:`check_number`), evaluators
+by name, and ``data_paths=[]`` refused on the command line. Each bad value is one ``error:`` line and exit code 2."""
 
 import dataclasses
 import math
@@ -10,7 +10,8 @@ import pytest
 
 import pretrain
 from tests.test_bad_inputs import BASE, ROOT, assert_one_line
-from utils.config import FLOAT_RANGES, ConfigError, PretrainConfig, check_number, recipe_config
+from utils.config import (FLOAT_RANGES, ConfigError, PretrainConfig, check_number, command_line_layer,
+                          recipe_config)
 
 
 @pytest.mark.parametrize("override,fragment", [
@@ -113,3 +114,13 @@ def test_unknown_evaluator(override, message):
     with pytest.raises(ConfigError) as e:
         recipe_config("cfg_pretrain_trm_arc1", [override])
     assert str(e.value) == message
+
+
+def test_empty_data_paths_on_the_command_line_is_refused(sudoku_dir, tmp_path, capsys):
+    message = "data_paths=[] names no dataset: give data_paths=[DIR] (or data_path=DIR)"
+    with pytest.raises(ConfigError) as e:
+        command_line_layer(["data_paths=[]"])
+    assert str(e.value) == message
+    code = pretrain.main([*BASE, f"data_path={sudoku_dir}", "data_paths=[]", f"checkpoint_path={tmp_path / 'run'}"])
+    assert_one_line(capsys, code, message)
+    assert command_line_layer(["data_paths_test=[]"])[0].data_paths_test == []  # empty: the training data's tests

@@ -191,7 +191,8 @@ def command_line_layer(overrides: list[str]) -> tuple[DictConfig, dict[str, str]
     """``key=value`` overrides as one layer, and the config-group choices among them (``arch=trm``).
 
     Raises:
-        ConfigError: an item that is not ``key=value``, or that OmegaConf cannot parse.
+        ConfigError: an item that is not ``key=value``, that OmegaConf cannot parse, or ``data_paths=[]`` (which
+            names no dataset; left to the recipe's ``data_path`` it would train on a path the user never gave).
     """
     groups, dotlist = {}, []
     for item in overrides:
@@ -203,9 +204,12 @@ def command_line_layer(overrides: list[str]) -> tuple[DictConfig, dict[str, str]
         else:
             dotlist.append(item)
     try:
-        return OmegaConf.from_dotlist(dotlist), groups
+        layer = OmegaConf.from_dotlist(dotlist)
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad override: {str(e).splitlines()[0]}") from None
+    if layer.get("data_paths") == []:
+        raise ConfigError("data_paths=[] names no dataset: give data_paths=[DIR] (or data_path=DIR)")
+    return layer, groups
 
 
 def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
