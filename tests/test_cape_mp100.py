@@ -139,7 +139,7 @@ def test_instances_follow_image_order_then_annotation_order(tmp_path):
 
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c["annotations"][1].update(keypoints=[1, 2, 2]),
-     r"a\.json: annotation 2 has 1 keypoints in field 'keypoints', but annotation 1 of the same category 5 has 2"),
+     r"a\.json: annotation 2 has 1 keypoints in field 'keypoints', but its category 5 \('c5'\) names 2"),
     (lambda c: c["annotations"][0].update(keypoints=[1, 2, 2, 4]),
      r"a\.json: annotation 1 has field 'keypoints' that is not a non-empty list of numbers.*4 values"),
     (lambda c: c["annotations"][0].update(keypoints=[1, 2, 2, "x", 4, 2]), r"annotation 1 has field 'keypoints'"),
@@ -164,6 +164,26 @@ def test_malformed_file_names_file_entry_and_field(tmp_path, edit, message):
     with pytest.raises(MP100FormatError, match=message) as e:
         load_split(path, tmp_path, "allow")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("named,counts,message", [
+    (False, {5: 17, 9: 17, 17: 15, 20: 17},
+     r"annotation 17 has 15 keypoints in field 'keypoints', but annotation 5 of the same category 3 has 17 "
+     r"\(as 3 of its 4 annotations do\)"),
+    (False, {5: 15, 9: 17, 17: 17},  # the first one seen is the odd one out
+     r"annotation 5 has 15 keypoints in field 'keypoints', but annotation 9 of the same category 3 has 17 "
+     r"\(as 2 of its 3 annotations do\)"),
+    (True, {5: 15, 9: 17, 17: 17}, r"annotation 5 has 15 keypoints in field 'keypoints', but its category 3 "
+                                   r"\('c3'\) names 17"),
+    (True, {5: 17, 9: 17, 17: 15}, r"annotation 17 has 15 keypoints in field 'keypoints', but its category 3 "
+                                   r"\('c3'\) names 17"),
+])
+def test_keypoint_count_error_names_the_annotation_that_disagrees(tmp_path, named, counts, message):
+    """A category's count is its name list's length, else what most of its annotations have; not the first one's."""
+    anns = [ann(aid, 1, 3, n) for aid, n in counts.items()]
+    path = write_coco(tmp_path / "a.json", [category(3, 17, named=named)], IMAGES, anns)
+    with pytest.raises(MP100FormatError, match=f"a\\.json: {message}; fix or re-download the file$"):
+        load_split(path, tmp_path, "allow")
 
 
 @pytest.mark.parametrize("where,key", [("annotations", "keypoints"), ("annotations", "bbox"),
