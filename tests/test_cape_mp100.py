@@ -186,6 +186,21 @@ def test_keypoint_count_error_names_the_annotation_that_disagrees(tmp_path, name
         load_split(path, tmp_path, "allow")
 
 
+@pytest.mark.parametrize("extra,note", [
+    ([], "12 annotation(s) were dropped: empty bbox: ids 1, 2, 3, ... (12 in all), fix their bbox fields"),
+    ([ann(13, 3, 5, 2, iscrowd=1), ann(14, 3, 5, 2)],
+     "13 annotation(s) were dropped: iscrowd: ids 13, set their iscrowd to 0 if each is one object; "
+     "empty bbox: ids 1, 2, 3, ... (12 in all), fix their bbox fields"),
+])
+def test_sampler_error_counts_the_dropped_annotations(tmp_path, extra, note):
+    anns = [ann(i, 1, 5, 2, bbox=(10, 10, -20, 30)) for i in range(1, 13)] + extra
+    split = load_split(write_coco(tmp_path / "a.json", [category(5, 2)], IMAGES, anns), tmp_path, "allow")
+    with pytest.raises(MP100FormatError) as e:
+        EpisodeSampler(split, shots=1, queries=2)
+    assert str(e.value) == (f"{tmp_path / 'a.json'}: no category has 3 instances for 1 shot(s) + 2 queries ({note}); "
+                            "lower --shots/--queries")
+
+
 @pytest.mark.parametrize("where,key", [("annotations", "keypoints"), ("annotations", "bbox"),
                                        ("categories", "keypoints"), ("images", "file_name")])
 def test_loader_names_a_missing_key(tmp_path, where, key):

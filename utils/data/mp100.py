@@ -55,7 +55,14 @@ from utils.errors import UserError
 
 SUBSETS = ("train", "val", "test")
 MISSING_IMAGES = ("error", "drop", "allow")
-DROP_REASONS = ("iscrowd", "empty bbox", "all keypoint values 0", "num_keypoints 0", "missing image")
+# Why the reference drops an annotation (see the module docstring), and what would keep it.
+DROP_REASONS = {
+    "iscrowd": "set their iscrowd to 0 if each is one object",
+    "empty bbox": "fix their bbox fields",
+    "all keypoint values 0": "fix their keypoints fields",
+    "num_keypoints 0": "fix their num_keypoints fields",
+    "missing image": "add their image files",
+}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 _SHOWN = 5  # how many missing images or dropped ids a message lists before the count
@@ -284,6 +291,13 @@ def _listed(items: list, shown: int = _SHOWN) -> str:
     return head + (f", ... ({len(items)} in all)" if len(items) > shown else "")
 
 
+def _dropped_note(dropped: dict[str, list[int]]) -> str:
+    """`` (N annotations were dropped: <reason>: ids 1, 2, 3, ... (M in all), <fix>; ...)``, or "" when none were."""
+    parts = [f"{reason}: ids {_listed(ids, 3)}, {DROP_REASONS[reason]}" for reason, ids in dropped.items() if ids]
+    total = sum(map(len, dropped.values()))
+    return f" ({total} annotation(s) were dropped: {'; '.join(parts)})" if parts else ""
+
+
 def load_split(path: str | Path, image_root: str | Path, missing_images: str = "error") -> MP100Split:
     """Read one MP-100 COCO keypoint file with the reference's instance rules (see the module docstring).
 
@@ -458,7 +472,8 @@ class EpisodeSampler:
     K + Q instances cannot form an episode and are left out.
 
     Raises:
-        MP100FormatError: no category of the split has K + Q instances.
+        MP100FormatError: no category of the split has K + Q instances (the message counts the annotations the
+            loader dropped, by reason, with their first ids and the fix).
     """
 
     def __init__(self, split: MP100Split, shots: int, queries: int):
@@ -467,7 +482,7 @@ class EpisodeSampler:
         self.category_ids = sorted(c for c, insts in split.instances.items() if len(insts) >= need)
         if not self.category_ids:
             raise MP100FormatError(f"{split.path}: no category has {need} instances for {shots} shot(s) + {queries} "
-                                   "queries; lower --shots/--queries")
+                                   f"queries{_dropped_note(split.dropped)}; lower --shots/--queries")
 
     def sample(self, rng: np.random.Generator, category_id: int | None = None) -> Episode:
         """A random episode (of ``category_id`` if given, else of a uniformly drawn category)."""
