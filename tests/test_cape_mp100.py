@@ -139,7 +139,7 @@ def test_instances_follow_image_order_then_annotation_order(tmp_path):
 
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c["annotations"][1].update(keypoints=[1, 2, 2]),
-     r"a\.json: annotation 2 has 1 keypoints in field 'keypoints', but annotation 1 of the same category 5 has 2"),
+     r"a\.json: annotation 2 has 1 keypoints in field 'keypoints', but its category 5 \('c5'\) names 2"),
     (lambda c: c["annotations"][0].update(keypoints=[1, 2, 2, 4]),
      r"a\.json: annotation 1 has field 'keypoints' that is not a non-empty list of numbers.*4 values"),
     (lambda c: c["annotations"][0].update(keypoints=[1, 2, 2, "x", 4, 2]), r"annotation 1 has field 'keypoints'"),
@@ -164,6 +164,41 @@ def test_malformed_file_names_file_entry_and_field(tmp_path, edit, message):
     with pytest.raises(MP100FormatError, match=message) as e:
         load_split(path, tmp_path, "allow")
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("named,counts,message", [
+    (False, {5: 17, 9: 17, 17: 15, 20: 17},
+     r"annotation 17 has 15 keypoints in field 'keypoints', but annotation 5 of the same category 3 has 17 "
+     r"\(as 3 of its 4 annotations do\)"),
+    (False, {5: 15, 9: 17, 17: 17},  # the first one seen is the odd one out
+     r"annotation 5 has 15 keypoints in field 'keypoints', but annotation 9 of the same category 3 has 17 "
+     r"\(as 2 of its 3 annotations do\)"),
+    (True, {5: 15, 9: 17, 17: 17}, r"annotation 5 has 15 keypoints in field 'keypoints', but its category 3 "
+                                   r"\('c3'\) names 17"),
+    (True, {5: 17, 9: 17, 17: 15}, r"annotation 17 has 15 keypoints in field 'keypoints', but its category 3 "
+                                   r"\('c3'\) names 17"),
+])
+def test_keypoint_count_error_names_the_annotation_that_disagrees(tmp_path, named, counts, message):
+    """A category's count is its name list's length, else what most of its annotations have; not the first one's."""
+    anns = [ann(aid, 1, 3, n) for aid, n in counts.items()]
+    path = write_coco(tmp_path / "a.json", [category(3, 17, named=named)], IMAGES, anns)
+    with pytest.raises(MP100FormatError, match=f"a\\.json: {message}; fix or re-download the file$"):
+        load_split(path, tmp_path, "allow")
+
+
+@pytest.mark.parametrize("extra,note", [
+    ([], "12 annotation(s) were dropped: empty bbox: ids 1, 2, 3, ... (12 in all), fix their bbox fields"),
+    ([ann(13, 3, 5, 2, iscrowd=1), ann(14, 3, 5, 2)],
+     "13 annotation(s) were dropped: iscrowd: ids 13, set their iscrowd to 0 if each is one object; "
+     "empty bbox: ids 1, 2, 3, ... (12 in all), fix their bbox fields"),
+])
+def test_sampler_error_counts_the_dropped_annotations(tmp_path, extra, note):
+    anns = [ann(i, 1, 5, 2, bbox=(10, 10, -20, 30)) for i in range(1, 13)] + extra
+    split = load_split(write_coco(tmp_path / "a.json", [category(5, 2)], IMAGES, anns), tmp_path, "allow")
+    with pytest.raises(MP100FormatError) as e:
+        EpisodeSampler(split, shots=1, queries=2)
+    assert str(e.value) == (f"{tmp_path / 'a.json'}: no category has 3 instances for 1 shot(s) + 2 queries ({note}); "
+                            "lower --shots/--queries")
 
 
 @pytest.mark.parametrize("where,key", [("annotations", "keypoints"), ("annotations", "bbox"),

@@ -21,6 +21,8 @@ layer each non-default value came from. The merged result is validated against
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
 import re
 from dataclasses import dataclass, field
@@ -62,7 +64,8 @@ class PretrainConfig:
     checkpoint_every_eval: bool = True
     min_eval_interval: int = 0  # the first evaluation is after this many eval intervals (TRM)
     eval_max_examples: Optional[int] = None  # null: the whole test split
-    # Evaluators run on the test outputs ([{name: arc@ARC}]); null: the ARC evaluator for ARC datasets, none otherwise.
+    # Evaluators run on the test outputs ([{name: arc@ARC}], or by name: evaluators=[ARC]); null: the ARC evaluator
+    # for ARC datasets, none otherwise.
     evaluators: Optional[list[dict[str, Any]]] = None
     # Keys of the test outputs saved per evaluation as step_<N>_all_preds.<rank> (the reference's files):
     # any of inputs, labels, puzzle_identifiers, preds, q_halt_logits.
@@ -107,6 +110,18 @@ RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "lo
                     "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
                     "eval_max_examples", "evaluators", "eval_save_outputs")
 EVALUATORS = {"arc@ARC": "ARC", "ARC": "ARC", "arc": "ARC"}  # TRM's names, and ours
+# Every float setting: (low, high, whether high itself is excluded). The published recipes (HRM: lr 1e-4 and 7e-5,
+# puzzle_emb_lr 1e-2 and 7e-5, weight_decay 0.1 to 1.0; TRM: lr 1e-4, weight_decay 1.0, ema_rate 0.999) sit well inside.
+FLOAT_RANGES = {
+    "lr": (0, 1, False),  # 10^4 x the published 1e-4: each AdamW step moves a weight by about lr
+    "puzzle_emb_lr": (0, 1, False),  # 100 x the published 1e-2: each sign-SGD step moves an entry by exactly lr
+    "weight_decay": (0, 10, False),  # 10 x the largest published (1.0); lr * weight_decay < 1: see check_ranges
+    "puzzle_emb_weight_decay": (0, 10, False),  # as weight_decay, for the puzzle-embedding optimizer
+    "beta1": (0, 1, True),  # Adam's moment decay: at 1 the moment never moves and bias correction divides by 0
+    "beta2": (0, 1, True),  # as beta1, for the second moment
+    "lr_min_ratio": (0, 1, False),  # the cosine schedule's floor, a fraction of lr
+    "ema_rate": (0, 1, False),  # a convex weight: 0 copies the weights, 1 keeps the first ones
+}
 SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits")
 
 
@@ -176,7 +191,8 @@ def command_line_layer(overrides: list[str]) -> tuple[DictConfig, dict[str, str]
     """``key=value`` overrides as one layer, and the config-group choices among them (``arch=trm``).
 
     Raises:
-        ConfigError: an item that is not ``key=value``, or that OmegaConf cannot parse.
+        ConfigError: an item that is not ``key=value``, that OmegaConf cannot parse, or ``data_paths=[]`` (which
+            names no dataset; left to the recipe's ``data_path`` it would train on a path the user never gave).
     """
     groups, dotlist = {}, []
     for item in overrides:
@@ -188,9 +204,12 @@ def command_line_layer(overrides: list[str]) -> tuple[DictConfig, dict[str, str]
         else:
             dotlist.append(item)
     try:
-        return OmegaConf.from_dotlist(dotlist), groups
+        layer = OmegaConf.from_dotlist(dotlist)
     except OmegaConfBaseException as e:
         raise ConfigError(f"bad override: {str(e).splitlines()[0]}") from None
+    if layer.get("data_paths") == []:
+        raise ConfigError("data_paths=[] names no dataset: give data_paths=[DIR] (or data_path=DIR)")
+    return layer, groups
 
 
 def leaves(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -239,9 +258,12 @@ def build_config(merged: dict) -> PretrainConfig:
     """Validate a merged settings dict against :class:`PretrainConfig` (names, types, ranges).
 
     Raises:
-        ConfigError: an unknown key (the valid ones are listed), a value of the wrong type, or out of range.
+        ConfigError: an unknown key (the valid ones are listed), an unknown evaluator, a value of the wrong type,
+            or out of range.
     """
     schema = OmegaConf.structured(PretrainConfig)
+    if "evaluators" in merged:
+        merged = {**merged, "evaluators": named_evaluators(merged["evaluators"])}
     try:
         typed = OmegaConf.merge(schema, merged)
         OmegaConf.resolve(typed)
@@ -269,6 +291,44 @@ def recipe_config(name: str, overrides: list[str] = ()) -> PretrainConfig:
     return build_config(merged)
 
 
+def named_evaluators(evaluators: Any) -> Any:
+    """``evaluators`` with each plain name (``evaluators=[ARC]``, as typed on the command line) written as the
+    ``{name: ARC}`` entry of TRM's YAML; null is returned as it is.
+
+    Raises:
+        ConfigError: a single name instead of a list, or an entry that names no evaluator of ``EVALUATORS``.
+    """
+    if isinstance(evaluators, str):
+        raise ConfigError(f"evaluators={evaluators} is not a list: write evaluators=[{evaluators}]")
+    if not isinstance(evaluators, list):
+        return evaluators
+    entries = [{"name": e} if isinstance(e, str) else e for e in evaluators]
+    for entry in entries:
+        name = entry.get("name", entry) if isinstance(entry, dict) else entry
+        if not (isinstance(name, str) and name in EVALUATORS):
+            raise ConfigError(f"evaluators: unknown evaluator {name!r}; use one of {', '.join(EVALUATORS)}")
+    return entries
+
+
+def check_number(key: str, value: Any, low: float, high: float, *, high_open: bool = False,
+                 flag_style: bool = False) -> None:
+    """Refuse a setting that is not a finite number in ``[low, high]`` (``[low, high)`` with ``high_open``).
+
+    Args:
+        key: the setting's name, shown as ``key=value`` (a config key), or as ``--key value`` with ``flag_style``
+            (a command-line flag).
+
+    Raises:
+        ConfigError: ``value`` is not a number (a bool is not one), is inf or NaN, or lies outside the range.
+    """
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+          and low <= value and (value < high if high_open else value <= high))
+    if not ok:
+        shown = f"--{key} {value!r}" if flag_style else f"{key}={value!r}"
+        interval = f"[{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ConfigError(f"{shown} is out of range: must be a finite number in {interval}")
+
+
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is out of range: {rule}")
@@ -282,16 +342,19 @@ def check_ranges(cfg: PretrainConfig) -> None:
     """
     for key in ("global_batch_size", "epochs", "eval_interval", "log_interval", "max_nonfinite_steps"):
         _require(getattr(cfg, key) >= 1, key, getattr(cfg, key), "must be at least 1")
-    for key in ("lr_warmup_steps", "keep_last_checkpoints", "seed", "lr", "weight_decay", "puzzle_emb_lr",
-                "puzzle_emb_weight_decay"):
+    for key in ("lr_warmup_steps", "keep_last_checkpoints", "seed"):
         _require(getattr(cfg, key) >= 0, key, getattr(cfg, key), "must be 0 or more")
+    for key, (low, high, high_open) in FLOAT_RANGES.items():
+        check_number(key, getattr(cfg, key), low, high, high_open=high_open)
+    for lr_key, decay_key in (("lr", "weight_decay"), ("puzzle_emb_lr", "puzzle_emb_weight_decay")):
+        product = getattr(cfg, lr_key) * getattr(cfg, decay_key)
+        _require(product < 1, decay_key, getattr(cfg, decay_key),
+                 f"{lr_key} * {decay_key} = {product:g} must be below 1: decoupled decay multiplies every weight "
+                 f"by 1 - {lr_key} * {decay_key} each step, so this would zero them or flip their sign; lower either")
     _require(cfg.epochs % cfg.eval_interval == 0, "eval_interval", cfg.eval_interval,
              f"must divide epochs ({cfg.epochs}): evaluation runs every eval_interval epochs")
     _require(cfg.eval_max_examples is None or cfg.eval_max_examples >= 1, "eval_max_examples", cfg.eval_max_examples,
              "must be at least 1, or null for the whole test split")
-    _require(0 <= cfg.lr_min_ratio <= 1, "lr_min_ratio", cfg.lr_min_ratio, "must be in [0, 1]")
-    for key in ("beta1", "beta2"):
-        _require(0 <= getattr(cfg, key) < 1, key, getattr(cfg, key), "must be in [0, 1)")
     _require(cfg.optimizer_backend in ("auto", "native", "torch", "adamw"), "optimizer_backend", cfg.optimizer_backend,
              "use auto, native, torch or adamw")
     _require(cfg.logger in ("tensorboard", "wandb"), "logger", cfg.logger, "use tensorboard or wandb")
@@ -302,12 +365,8 @@ def check_ranges(cfg: PretrainConfig) -> None:
         _require(all(isinstance(p, str) and p for p in getattr(cfg, key)), key, getattr(cfg, key),
                  "must be a list of dataset directories")
     _require(cfg.min_eval_interval >= 0, "min_eval_interval", cfg.min_eval_interval, "must be 0 or more")
-    _require(0 <= cfg.ema_rate <= 1, "ema_rate", cfg.ema_rate, "must be in [0, 1] (the reference uses 0.999)")
     bad = [k for k in cfg.eval_save_outputs if k not in SAVE_OUTPUT_KEYS]
     _require(not bad, "eval_save_outputs", cfg.eval_save_outputs, f"use any of {', '.join(SAVE_OUTPUT_KEYS)}")
-    for evaluator in cfg.evaluators or []:
-        _require(isinstance(evaluator, dict) and evaluator.get("name") in EVALUATORS, "evaluators", cfg.evaluators,
-                 f"each entry is {{name: ...}} with a name in {', '.join(EVALUATORS)}")
     for key in ("project_name", "run_name"):
         value = getattr(cfg, key)
         _require(value is None or (value and os.sep not in value and value not in (".", "..")), key, value,

@@ -23,7 +23,8 @@ image file does not exist; ``missing_images="drop"`` reproduces that. The refere
 annotation without ``bbox`` or ``keypoints``; here that is a format error (no official file has one).
 
 Categories. The keypoint count comes from the annotations (``len(keypoints) / 3``, equal for every
-annotation of a category), because some categories have an empty keypoint-name list (both named ``face``:
+annotation of a category: the length of its name list where it has one, else the count most of its annotations
+have, so an error names the odd one out), because some categories have an empty keypoint-name list (both named ``face``:
 id 18 holds 19-keypoint Amur tiger bodies, id 40 68-keypoint human faces). Skeletons are 1-based in most categories,
 0-based in the CarFusion ones (car, bus, suv) and empty in many; the base is detected per category
 and the skeleton is stored 0-based.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,7 +55,14 @@ from utils.errors import UserError
 
 SUBSETS = ("train", "val", "test")
 MISSING_IMAGES = ("error", "drop", "allow")
-DROP_REASONS = ("iscrowd", "empty bbox", "all keypoint values 0", "num_keypoints 0", "missing image")
+# Why the reference drops an annotation (see the module docstring), and what would keep it.
+DROP_REASONS = {
+    "iscrowd": "set their iscrowd to 0 if each is one object",
+    "empty bbox": "fix their bbox fields",
+    "all keypoint values 0": "fix their keypoints fields",
+    "num_keypoints 0": "fix their num_keypoints fields",
+    "missing image": "add their image files",
+}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32)
 _SHOWN = 5  # how many missing images or dropped ids a message lists before the count
@@ -242,6 +251,28 @@ def _skeleton(check: _Checker, c: dict, n: int) -> tuple[tuple[tuple[int, int], 
     return tuple((i - base, j - base) for i, j in edges), base
 
 
+def _keypoint_count(check: _Checker, c: dict, counts: dict[int, int]) -> int:
+    """The keypoint count of category ``c``: the length of its name list, or with no names, the count most of its
+    annotations have (the first seen of those tied); ``counts`` maps its annotation ids to their counts, in file order.
+
+    Raises:
+        MP100FormatError: naming the first annotation that disagrees, and the names or an annotation it disagrees with.
+    """
+    names = c["keypoints"]
+    tally = Counter(counts.values())  # most_common orders ties by first appearance
+    n = len(names) if names or not counts else tally.most_common(1)[0][0]
+    odd = next((aid for aid, k in counts.items() if k != n), None)
+    if odd is None:
+        return n
+    if names:
+        raise check.fail(f"annotation {odd}", f"has {counts[odd]} keypoints in field 'keypoints', but its category "
+                         f"{c['id']} ({c['name']!r}) names {n}")
+    agreeing = next(aid for aid, k in counts.items() if k == n)
+    raise check.fail(f"annotation {odd}", f"has {counts[odd]} keypoints in field 'keypoints', but annotation "
+                     f"{agreeing} of the same category {c['id']} has {n} (as {tally[n]} of its {len(counts)} "
+                     "annotations do)")
+
+
 def _drop_reason(a: dict, width, height) -> str | None:
     """The first of the reference's rules that drops annotation ``a`` (see the module docstring), else None."""
     if a.get("iscrowd", 0) != 0:
@@ -258,6 +289,13 @@ def _drop_reason(a: dict, width, height) -> str | None:
 def _listed(items: list, shown: int = _SHOWN) -> str:
     head = ", ".join(str(i) for i in items[:shown])
     return head + (f", ... ({len(items)} in all)" if len(items) > shown else "")
+
+
+def _dropped_note(dropped: dict[str, list[int]]) -> str:
+    """`` (N annotations were dropped: <reason>: ids 1, 2, 3, ... (M in all), <fix>; ...)``, or "" when none were."""
+    parts = [f"{reason}: ids {_listed(ids, 3)}, {DROP_REASONS[reason]}" for reason, ids in dropped.items() if ids]
+    total = sum(map(len, dropped.values()))
+    return f" ({total} annotation(s) were dropped: {'; '.join(parts)})" if parts else ""
 
 
 def load_split(path: str | Path, image_root: str | Path, missing_images: str = "error") -> MP100Split:
@@ -309,7 +347,7 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
         images[im["id"]] = im
 
     per_image: dict[int, list[dict]] = {}
-    counts: dict[int, tuple[int, int]] = {}  # category id -> (keypoint count, the annotation that set it)
+    counts: dict[int, dict[int, int]] = {}  # category id -> {annotation id: keypoint count}, in file order
     seen: set = set()
     for a in raw_annotations:
         check.require(a, ("id", "image_id", "category_id", "bbox", "keypoints"), "annotation")
@@ -332,19 +370,13 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
         for key in ("iscrowd", "area", "num_keypoints"):
             if key in a and not (key == "iscrowd" and isinstance(a[key], bool)):  # xtcocotools itself writes False
                 check.number(a, key, "annotation")
-        n, first = counts.setdefault(a["category_id"], (len(kps) // 3, a["id"]))
-        if len(kps) // 3 != n:
-            raise check.fail(where, f"has {len(kps) // 3} keypoints in field 'keypoints', but annotation {first} of "
-                             f"the same category {a['category_id']} has {n}")
+        counts.setdefault(a["category_id"], {})[a["id"]] = len(kps) // 3
         per_image.setdefault(a["image_id"], []).append(a)
 
     categories = {}
     for cid, c in by_id.items():
         names = tuple(c["keypoints"])
-        n = counts[cid][0] if cid in counts else len(names)
-        if names and len(names) != n:
-            raise check.fail(f"annotation {counts[cid][1]}", f"has {n} keypoints in field 'keypoints', but its "
-                             f"category {cid} ({c['name']!r}) names {len(names)}")
+        n = _keypoint_count(check, c, counts.get(cid, {}))
         categories[cid] = Category(cid, str(c["name"]), names, n, *_skeleton(check, c, n))
 
     instances: dict[int, list[Instance]] = {cid: [] for cid in categories}
@@ -440,7 +472,8 @@ class EpisodeSampler:
     K + Q instances cannot form an episode and are left out.
 
     Raises:
-        MP100FormatError: no category of the split has K + Q instances.
+        MP100FormatError: no category of the split has K + Q instances (the message counts the annotations the
+            loader dropped, by reason, with their first ids and the fix).
     """
 
     def __init__(self, split: MP100Split, shots: int, queries: int):
@@ -449,7 +482,7 @@ class EpisodeSampler:
         self.category_ids = sorted(c for c, insts in split.instances.items() if len(insts) >= need)
         if not self.category_ids:
             raise MP100FormatError(f"{split.path}: no category has {need} instances for {shots} shot(s) + {queries} "
-                                   "queries; lower --shots/--queries")
+                                   f"queries{_dropped_note(split.dropped)}; lower --shots/--queries")
 
     def sample(self, rng: np.random.Generator, category_id: int | None = None) -> Episode:
         """A random episode (of ``category_id`` if given, else of a uniformly drawn category)."""
