@@ -113,6 +113,33 @@ class Carry:
     halted: torch.Tensor
     current_data: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def restart_nonfinite_rows(self) -> torch.Tensor:
+        """Mark halted the rows whose recurrent state holds a NaN or inf, so the next segment restarts them from
+        ``H_init``/``L_init`` with a new puzzle (without this, a NaN row stays NaN for every later segment).
+        Works on the device, without a host sync; a finite carry is left bitwise as it was.
+
+        Returns:
+            the number of rows marked, a 0-dim int64 tensor on the carry's device.
+        """
+        bad = torch.zeros_like(self.halted)
+        for z in dataclasses.astuple(self.inner_carry):
+            bad |= ~torch.isfinite(z).flatten(1).all(1)
+        self.halted = self.halted | bad
+        return bad.sum()
+
+    def state_dict(self) -> dict:
+        """Every field as CPU tensors: ``inner`` (the recurrent state by field name), ``steps``, ``halted``,
+        ``current_data``."""
+        return {"inner": {k: v.cpu() for k, v in dataclasses.asdict(self.inner_carry).items()},
+                "steps": self.steps.cpu(), "halted": self.halted.cpu(),
+                "current_data": {k: v.cpu() for k, v in self.current_data.items()}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict, device: torch.device | str) -> "Carry":
+        """The carry :meth:`state_dict` saved, on ``device``."""
+        return cls(InnerCarry(**{k: v.to(device) for k, v in state["inner"].items()}), state["steps"].to(device),
+                   state["halted"].to(device), {k: v.to(device) for k, v in state["current_data"].items()})
+
 
 class RecurrentCore(nn.Module):
     """One ACT segment's shared parts: embeddings, heads and initial states; a subclass adds its levels.
@@ -260,3 +287,18 @@ class ACTModel(nn.Module):
                     outputs["target_q_continue"] = torch.sigmoid(
                         torch.where(is_last, next_q_halt, torch.maximum(next_q_halt, next_q_continue)))
         return Carry(inner_carry, steps, halted, current_data), outputs
+
+
+class CarrySlot:
+    """The ACT carry a training loop holds between optimizer steps (None before the first batch), as a part of
+    the train state: it saves and restores itself on ``device``."""
+
+    def __init__(self, device: torch.device | str):
+        self.carry: Carry | None = None
+        self.device = device
+
+    def state_dict(self) -> dict | None:
+        return None if self.carry is None else self.carry.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        self.carry = None if state is None else Carry.from_state_dict(state, self.device)

@@ -87,3 +87,19 @@ def load_pretrained(head: torch.nn.Module, path: str) -> Optional[str]:
                 "every row starts as the mean of the checkpoint's rows (as TRM's load_checkpoint does)")
     load_model_weights(head, state, str(path))
     return note
+
+
+class ModelWeights:
+    """A loss head's weights in the reference key format, as a part of the train state
+    (utils/run/train_state.py)."""
+
+    def __init__(self, head: torch.nn.Module):
+        self.head = head
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return reference_state_dict(self.head)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Raises:
+            CheckpointError: the weights do not fit this architecture."""
+        load_model_weights(self.head, state, "being resumed")
