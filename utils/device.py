@@ -209,15 +209,22 @@ def select_dtype(device: torch.device, forced: str | None = None) -> tuple[torch
     return (torch.bfloat16, why) if ok else (torch.float32, why)
 
 
-def configure_backends(device: torch.device, cudnn_benchmark: bool = True) -> None:
-    """Turn on TF32 matmuls and cuDNN autotuning on CUDA; a no-op elsewhere.
+def configure_backends(device: torch.device, cudnn_benchmark: bool = True, deterministic: bool = False,
+                       warn_only: bool = False) -> None:
+    """Turn on TF32 matmuls and cuDNN autotuning on CUDA; with ``deterministic``, bitwise-reproducible kernels
+    everywhere instead (no autotuning, ``torch.use_deterministic_algorithms``; ``warn_only`` for models with
+    backward passes that have no deterministic kernel, such as some upsamplings).
 
     TF32 is set through ``torch.set_float32_matmul_precision`` only: mixing it with the
     newer ``fp32_precision`` attributes raises on torch >= 2.9.
     """
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS needs it
+        torch.use_deterministic_algorithms(True, warn_only=warn_only)
+        torch.backends.cudnn.deterministic = True
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
-        torch.backends.cudnn.benchmark = cudnn_benchmark
+        torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic
 
 
 @lru_cache(maxsize=None)

@@ -20,11 +20,14 @@ import json
 import logging
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
+
+from utils.outputs import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +105,18 @@ class MetricsWriter:
 
     def log_images(self, step: int, images: dict[str, Any]) -> None:
         """Send pictures (PIL images or ``[H, W, 3]`` uint8 arrays) to TensorBoard (and W&B), and write each as
-        ``pictures/<tag>_step_<step>.png`` (``/`` in the tag becomes ``_``)."""
+        ``pictures/<tag>_step_<step>.png`` (``/`` in the tag becomes ``_``), whole or not at all.
+
+        Raises:
+            OutputWriteError: a picture could not be written (full disk); the message names the path and bytes.
+        """
         if not self.enabled:
             return
         self.pictures.mkdir(exist_ok=True)
         for tag, image in images.items():
             array = np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)
-            Image.fromarray(array).save(self.pictures / f"{tag.replace('/', '_')}_step_{step}.png")
+            write_atomically(self.pictures / f"{tag.replace('/', '_')}_step_{step}.png",
+                             lambda f: Image.fromarray(array).save(f, format="PNG"), "picture")
             self.tb.add_image(tag, array, step, dataformats="HWC")
             if self.wandb is not None:
                 import wandb
@@ -141,3 +149,49 @@ def _start_wandb(run_dir: Path, run_id: str | None, project: str | None, config:
         return None
     return wandb.init(project=project or "recursive-reasoning", name=run_dir.name, id=run_id, resume="allow",
                       dir=str(run_dir), config=config or {})
+
+
+class MetricsWindow:
+    """The per-step training metrics summed since the last log point, a part of the train state: a run resumed
+    mid-window logs the same means at the next point as the uninterrupted run (the sums are saved).
+
+    Values are added as given (0-dim tensors stay on their device, so adding costs no host sync).
+    ``examples_per_s`` counts from this process's first step in the window (timing is not carried over).
+
+    Args:
+        interval: optimizer steps between log points (``log_interval``).
+    """
+
+    def __init__(self, interval: int):
+        self.interval = interval
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: dict[str, Any] = {}
+        self.steps = 0
+        self._examples, self._since = 0, time.perf_counter()
+
+    def add(self, values: dict[str, Any], examples: int) -> None:
+        """Add one optimizer step's ``values`` (name -> number or 0-dim tensor) covering ``examples`` examples."""
+        for k, v in values.items():
+            self.sums[k] = self.sums.get(k, 0) + v
+        self.steps += 1
+        self._examples += examples
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Whether update ``step`` ends a window (every ``interval`` steps, and at the last step)."""
+        return self.steps > 0 and (step % self.interval == 0 or step == last_step)
+
+    def take(self) -> tuple[dict[str, Any], int, float]:
+        """``(sums, steps, examples_per_s)`` of the window, which starts again empty."""
+        out = (self.sums, self.steps, self._examples / max(time.perf_counter() - self._since, 1e-9))
+        self._reset()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"sums": {k: v.detach().cpu() if hasattr(v, "detach") else v for k, v in self.sums.items()},
+                "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._reset()
+        self.sums, self.steps = dict(state["sums"]), int(state["steps"])

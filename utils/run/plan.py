@@ -11,11 +11,14 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
+import torch
 from omegaconf import OmegaConf
 
-from utils.config import leaves
+from utils.config import Layer, leaves, merge_layers
+from utils.device import describe, select_device
+from utils.distributed import Dist
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +70,34 @@ class Plan:
                "changed": {k: {"value": v, "from": layer} for k, (v, layer) in self.changed().items()},
                "decisions": {k: dataclasses.asdict(d) | {"value": str(d.value)} for k, d in self.decisions.items()}}
         path.write_text(OmegaConf.to_yaml(OmegaConf.create(doc)), encoding="utf-8")
+
+
+def layered_settings(base: list[Layer], top: list[Layer], rank: Dist, device_setting: Callable[[dict], str],
+                     profile: Callable[[dict, torch.device], Optional[tuple[str, dict, str]]]
+                     ) -> tuple[dict, dict[str, str], list[str], torch.device, dict[str, Decision]]:
+    """Merge settings in the one order both trainers use: ``base`` layers (defaults), the hardware profile, ``top``
+    layers (recipe, command line), each overriding the ones before it.
+
+    The profile depends on the device, and the device on the settings, so this takes two passes: ``base + top``
+    merged tell the device (``device_setting``; under torchrun with NCCL, this rank's GPU), then ``profile``
+    gives ``(name, knobs, reason)`` for it (or None for no profile), and its knobs are merged in their place.
+
+    Returns:
+        ``(merged, sources, layer labels in order, device, decisions)``, the decisions holding the device and the
+        hardware profile, each with its reason.
+
+    Raises:
+        ConfigError, DeviceError: a bad setting or device, in one line.
+    """
+    prelim, _ = merge_layers(base + top)
+    choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else device_setting(prelim))
+    decisions = {"device": Decision(f"{choice.device} - {describe(choice.device)}", choice.reason)}
+    found = profile(prelim, choice.device)
+    middle = []
+    if found is not None:
+        name, knobs, reason = found
+        middle = [(f"hardware profile {name}", knobs)]
+        decisions["hardware profile"] = Decision(name, reason)
+    layers = base + middle + top
+    merged, sources = merge_layers(layers)
+    return merged, sources, [label for label, _ in layers], choice.device, decisions

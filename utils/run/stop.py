@@ -1,4 +1,9 @@
-"""Graceful stop on SIGINT/SIGTERM, shared by both trainers."""
+"""Graceful stop on SIGINT/SIGTERM, shared by both trainers, and the exit code that tells a job scheduler so.
+
+A run stopped by a signal checkpoints, then exits with ``128 + the signal's number`` (130 for SIGINT, 143 for
+SIGTERM), the shell's convention for "ended by a signal": a scheduler sees a non-zero code and can requeue the
+job, which continues with ``resume=auto``. A run exits 0 only when it finished its schedule.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,12 @@ class GracefulStop:
     @property
     def requested(self) -> bool:
         return self.signal_name is not None
+
+    @property
+    def exit_code(self) -> int:
+        """``128 + signal number`` of the signal received (SIGTERM's, 143, when another torchrun rank got it)."""
+        number = signal.Signals[self.signal_name] if self.signal_name else signal.SIGTERM
+        return 128 + int(number)
 
     def __enter__(self) -> "GracefulStop":
         for sig in (signal.SIGINT, signal.SIGTERM):
