@@ -17,8 +17,6 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import os
-import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -31,31 +29,32 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from models import build_model, model_bytes, validate_arch
-from models.checkpoints import load_model_weights, load_pretrained, reference_state_dict
+from models.act import CarrySlot
+from models.checkpoints import ModelWeights, load_pretrained, reference_state_dict
 from models.ema import EMAHelper
-from models.act import Carry, InnerCarry
 from models.layers import attention_backend
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, merge_layers,
-                          recipe_layers, to_dict, valid_keys)
+from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, recipe_layers,
+                          to_dict, valid_keys)
 from utils.data.builders import build_dataset
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_compatible
-from utils.device import compile_decision, configure_backends, describe, memory_available, select_device, select_dtype
+from utils.device import compile_decision, configure_backends, memory_available, select_dtype
 from utils.distributed import Dist, any_rank, main_decides
 from utils.eval.arc import ARC
 from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
-from utils.run.checkpoint import (CheckpointError, CheckpointWriteError, atomic_save, capture_rng_state, restore_rng_state,
-                                  safe_load)
-from utils.run.guard import NonFiniteGuard, check_training_step
+from utils.run.checkpointer import Checkpointer
+from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main
-from utils.run.metrics import MetricsWriter
-from utils.run.plan import Decision, Plan
-from utils.run.run_dir import RunDirectory, find_matching_run, open_run, settings_fingerprint
+from utils.run.metrics import MetricsWindow, MetricsWriter
+from utils.run.plan import Decision, Plan, layered_settings
+from utils.run.run_dir import run_location, settings_fingerprint
 from utils.run.schedule import LRSchedule
+from utils.run.session import RunSession, open_session, resume_command, stop_run
 from utils.run.stop import GracefulStop
+from utils.run.train_state import Clock, Optimizers, RNGStates, TrainState, Value
 from utils.viz.puzzles import EvalPictures, VisualizationError, detect_task
 
 log = logging.getLogger("pretrain")
@@ -105,22 +104,20 @@ def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
         ConfigError, DeviceError: a bad setting, named in one line.
     """
     cli, groups = command_line_layer(args.overrides)
-    recipe = recipe_layers(args.config_name, groups=groups)
     defaults = ("defaults", to_dict(PretrainConfig()))
-    merged, _ = merge_layers([defaults, *recipe, ("command line", cli)])
-    cfg = build_config(merged)
-    device_choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else cfg.device)
-    device = device_choice.device
-    decisions = {"device": Decision(f"{device} - {describe(device)}", device_choice.reason)}
-    profile = []
-    if cfg.hardware:
-        name, knobs, reason = resolve_hardware_profile(cfg.hardware, device)
-        profile = [(f"hardware profile {name}", {"global_batch_size": knobs["global_batch_size"]})]
-        decisions["hardware profile"] = Decision(name, reason)
-    layers = [defaults, *profile, *recipe, ("command line", cli)]
-    merged, sources = merge_layers(layers)
+
+    def profile(merged: dict, device: torch.device):
+        hardware = build_config(merged).hardware
+        if not hardware:
+            return None
+        name, knobs, reason = resolve_hardware_profile(hardware, device)
+        return name, {"global_batch_size": knobs["global_batch_size"]}, reason
+
+    merged, sources, labels, device, decisions = layered_settings(
+        [defaults], [*recipe_layers(args.config_name, groups=groups), ("command line", cli)], rank,
+        lambda merged: build_config(merged).device, profile)
     cfg = main_decides(build_config(merged), rank)
-    choose_data_paths(cfg, sources, [label for label, _ in layers])
+    choose_data_paths(cfg, sources, labels)
     arch = validate_arch(cfg.arch)
     if cfg.freeze_weights and not arch.get("puzzle_emb_ndim"):
         raise ConfigError("freeze_weights=true trains only the puzzle embedding, but arch.puzzle_emb_ndim is 0: "
@@ -207,139 +204,83 @@ def make_evaluators(cfg: PretrainConfig, test_paths: list[str]) -> list:
     return evaluators
 
 
-# ---- the run directory and resuming --------------------------------------------------------------------
+# ---- the training state -----------------------------------------------------------------------------------
 
-def default_run_parent(cfg: PretrainConfig) -> Path:
-    return Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name)
+class PuzzleTrainState(TrainState):
+    """Everything that shapes the rest of an HRM/TRM run (utils/run/train_state.py): the weights, the AdamATan2
+    (``dense``) and sign-SGD (``sparse``) optimizers with their lr schedules, the EMA, the sampler position, the
+    guard's counters, the metrics window, the wall clock, the evaluations done, and per process the ACT carry and
+    the RNG states. ``forward`` is the (possibly compiled) loss head that ``head`` is."""
 
-
-def run_location(cfg: PretrainConfig, setup: Setup) -> Path:
-    """Where the run lives, in order: ``checkpoint_path``; the directory of ``resume=<file or dir>``; with
-    ``resume=auto`` and no ``run_name``, the newest run under ``checkpoints/<project>/`` started with the same
-    settings; else ``checkpoints/<project>/<run_name or arch-timestamp>``."""
-    if cfg.checkpoint_path:
-        return Path(cfg.checkpoint_path)
-    if cfg.resume and cfg.resume != "auto":
-        return Path(cfg.resume) if Path(cfg.resume).is_dir() else Path(cfg.resume).parent
-    parent = default_run_parent(cfg)
-    fingerprint = settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS)
-    found = find_matching_run(parent, "pretrain", fingerprint) if cfg.resume == "auto" and not cfg.run_name else None
-    return found or parent / (cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
-
-
-def resume_command(args: argparse.Namespace, run_path: Path) -> str:
-    kept = [o for o in args.overrides if not o.startswith(("resume=", "checkpoint_path="))]
-    return shlex.join(["python", "pretrain.py", f"--config-name={args.config_name}", *kept, "resume=auto",
-                       f"checkpoint_path={run_path}"])
+    def __init__(self, head, forward, dense: list, sparse: list, schedules: dict, ema: Optional[EMAHelper],
+                 loader: PuzzleDataset, guard: NonFiniteGuard, clock: Clock, cfg: PretrainConfig, rank: Dist,
+                 device: torch.device):
+        self.head, self.forward, self.dense, self.sparse, self.schedules, self.ema = head, forward, dense, sparse, schedules, ema
+        self.loader, self.guard, self.clock = loader, guard, clock
+        self.window, self.slot, self.iterations_done = MetricsWindow(cfg.log_interval), CarrySlot(device), Value(0)
+        parts = {"live_model": ModelWeights(head), "optimizers": Optimizers(dense + sparse), "train_loader": loader,
+                 "guard": guard, "window": self.window, "clock": clock, "iterations_done": self.iterations_done}
+        if ema is not None:
+            parts["ema"] = ema
+        super().__init__(parts, {"carry": self.slot, "rng": RNGStates()}, rank)
 
 
-# ---- training state and checkpoints --------------------------------------------------------------------
-
-@dataclass
-class TrainState:
-    """What the loop carries between steps besides the model and optimizers.
-
-    ``elapsed_before`` is the wall time (s) the run had trained before this process (restored from the
-    checkpoint on resume), and ``started`` this process's ``time.perf_counter()`` when ``train`` began.
-    """
-
-    step: int = 0
-    carry: Any = None
-    elapsed_before: float = 0.0
-    started: float = dataclasses.field(default_factory=time.perf_counter)
-
-    def elapsed_s(self) -> float:
-        """Wall seconds of the whole run so far: settings, data, model, compilation, steps, evaluations."""
-        return self.elapsed_before + time.perf_counter() - self.started
-
-
-def save_checkpoint(run: Optional[RunDirectory], head, optimizers, ema: Optional[EMAHelper], loader: PuzzleDataset,
-                    state: TrainState, guard: NonFiniteGuard, setup: Setup, rank: Dist) -> Optional[Path]:
-    """Write ``step_<N>.pt`` atomically (rank 0) with everything needed to resume exactly, then prune.
-
-    ``model`` holds the weights in the reference key format; with EMA on these are the EMA weights, as the
-    reference saves them, and ``live_model`` and ``ema`` hold what a resume needs besides. Also: both
-    optimizer states, the step, the settings, the sampler position, and per rank the ACT carry and RNG
-    states. Returns the path on rank 0.
-
-    Raises:
-        CheckpointWriteError: the write failed (the previous checkpoint is intact).
-    """
-    carry = state.carry
-    per_rank = {
-        "rng": capture_rng_state(),
-        "carry": None if carry is None else {
-            "z_H": carry.inner_carry.z_H.cpu(), "z_L": carry.inner_carry.z_L.cpu(), "steps": carry.steps.cpu(),
-            "halted": carry.halted.cpu(), "current_data": {k: v.cpu() for k, v in carry.current_data.items()},
-        },
-    }
-    gathered = [per_rank]
+def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weights: Optional[str]) -> PuzzleTrainState:
+    """The model (seeded alike on every rank, optionally from the weights of ``weights``), its optimizers, the EMA
+    and the guard, as one train state at step 0."""
+    cfg, metadata = setup.cfg, data.train.metadata
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    head = build_model(setup.arch, batch_size=setup.local_batch_size, seq_len=metadata.seq_len,
+                       vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+                       dtype=setup.dtype, device=setup.device)
+    if weights:
+        note = load_pretrained(head, weights)
+        if rank.is_main:
+            log.info("starting from the weights of %s%s", weights, f"; {note}" if note else "")
     if rank.world_size > 1:
-        gathered = [None] * rank.world_size
-        dist.gather_object(per_rank, gathered if rank.is_main else None, dst=0)
-    if not rank.is_main:
-        return None
-    payload = {"optimizers": [opt.state_dict() for opt in optimizers], "step": state.step, "nonfinite_total": guard.total,
-               "elapsed_s": state.elapsed_s(),
-               "config": setup.plan.settings, "run_id": run.run_id, "train_loader": loader.state_dict(), "ranks": gathered}
-    if ema is None:
-        payload["model"] = reference_state_dict(head)
+        for tensor in list(head.model.parameters()) + list(head.model.buffers()):
+            dist.broadcast(tensor.data, src=0)
+    torch.manual_seed(cfg.seed + rank.rank)
+    base = LRSchedule(cfg.lr, cfg.lr_warmup_steps, data.total_steps, min_ratio=cfg.lr_min_ratio)
+    dense, sparse, schedules = [], [], {}
+    if cfg.freeze_weights:
+        head.model.requires_grad_(False)
     else:
-        payload["live_model"] = reference_state_dict(head)
-        payload["ema"] = ema.state_dict()
-        with ema.swapped():
-            payload["model"] = {k: v.clone() for k, v in reference_state_dict(head).items()}
-    path = atomic_save(payload, run.claim_checkpoint(f"step_{state.step}.pt"))
-    run.prune(setup.cfg.keep_last_checkpoints)
-    log.info("checkpoint: %s", path)
-    return path
+        dense.append(get_adam_atan2_optimizer(head.model.parameters(), lr=0.0, betas=(cfg.beta1, cfg.beta2),
+                                              weight_decay=cfg.weight_decay, backend=cfg.optimizer_backend))
+        schedules[dense[0]] = base
+    if head.model.config.puzzle_emb_ndim > 0:
+        sparse.append(SparseEmbeddingSignSGD([head.model.puzzle_emb], lr=0.0, weight_decay=cfg.puzzle_emb_weight_decay))
+        schedules[sparse[0]] = dataclasses.replace(base, base_lr=cfg.puzzle_emb_lr)
+    ema = EMAHelper(head, cfg.ema_rate) if cfg.ema and not cfg.freeze_weights else None
+    forward = compile_model(head) if setup.compile else head
+    guard = NonFiniteGuard(cfg.max_nonfinite_steps, f"a lower lr (lr={cfg.lr} now), a longer lr_warmup_steps or "
+                                                     "forward_dtype=float32, or check the dataset for bad labels")
+    setup.plan.decisions["optimizer"] = Decision(
+        (f"{type(dense[0]).__module__}.{type(dense[0]).__name__}" if dense else "none (freeze_weights=true)")
+        + "; puzzle embedding: sign-SGD", f"optimizer_backend={cfg.optimizer_backend}")
+    if cfg.ema:
+        setup.plan.decisions["EMA"] = Decision(f"ema_rate={cfg.ema_rate}" if ema else "off",
+                                               "evaluation and checkpoints use the EMA weights" if ema
+                                               else "freeze_weights=true leaves nothing to average")
+    return PuzzleTrainState(head, forward, dense, sparse, schedules, ema, data.train, guard, clock, cfg, rank,
+                            setup.device)
 
 
-def restore_training(path: Path, head, optimizers, ema: Optional[EMAHelper], loader: PuzzleDataset, state: TrainState,
-                     guard: NonFiniteGuard, rank: Dist, device: torch.device) -> None:
-    """Load a :func:`save_checkpoint` file into the live objects so the run continues exactly.
-
-    Raises:
-        CheckpointError: the file is corrupt, unsafe, or lacks resume state (e.g. a bare weights file),
-            or comes from a different architecture, or its EMA setting differs.
-    """
-    payload = safe_load(path)
-    missing = {"model", "optimizers", "step", "train_loader", "ranks"} - set(payload)
-    if missing:
-        raise CheckpointError(f"{path} cannot be resumed from: it lacks {sorted(missing)} (a weights-only checkpoint? "
-                              "start from weights with load_checkpoint= instead)")
-    if (ema is None) != ("ema" not in payload):
-        raise CheckpointError(f"{path} was written with ema={'ema' in payload}; resume with the same ema setting")
-    load_model_weights(head, payload.get("live_model", payload["model"]), str(path))
-    if ema is not None:
-        ema.load_state_dict({k: v.to(device) for k, v in payload["ema"].items()})
-    if len(payload["optimizers"]) != len(optimizers):
-        raise CheckpointError(f"{path} holds {len(payload['optimizers'])} optimizer states, this run has {len(optimizers)}")
-    for opt, opt_state in zip(optimizers, payload["optimizers"]):
-        opt.load_state_dict(opt_state)
-    loader.load_state_dict(payload["train_loader"])
-    state.step = int(payload["step"])
-    state.elapsed_before = float(payload.get("elapsed_s", 0.0))
-    guard.total = int(payload.get("nonfinite_total", 0))
-    ranks = payload["ranks"]
-    if len(ranks) != rank.world_size:
-        log.warning("%s was written by %d processes, this run has %d: the ACT carry and RNG states start fresh",
-                    path, len(ranks), rank.world_size)
-        return
-    mine = ranks[rank.rank]
-    restore_rng_state(mine["rng"])
-    saved = mine["carry"]
-    if saved is not None:
-        state.carry = Carry(
-            inner_carry=InnerCarry(saved["z_H"].to(device), saved["z_L"].to(device)),
-            steps=saved["steps"].to(device), halted=saved["halted"].to(device),
-            current_data={k: v.to(device) for k, v in saved["current_data"].items()},
-        )
+def export(state: PuzzleTrainState, setup: Setup) -> dict[str, Any]:
+    """What a checkpoint holds beside the state: ``model``, the weights in the reference format (the EMA weights
+    with EMA on, as the reference saves them), and ``config``, the settings (for evaluate.py)."""
+    if state.ema is None:
+        return {"model": reference_state_dict(state.head), "config": setup.plan.settings}
+    with state.ema.swapped():
+        return {"model": {k: v.clone() for k, v in reference_state_dict(state.head).items()},
+                "config": setup.plan.settings}
 
 
 def check_memory(setup: Setup, metadata: PuzzleDatasetMetadata) -> int:
-    """Build the model on the meta device and refuse sizes the device cannot hold (weights, gradients and two
-    optimizer moments); returns the bytes one checkpoint needs, about.
+    """Build the model on the meta device and refuse sizes the device cannot hold (weights, gradients, two
+    optimizer moments and the guard's copy of weights and moments); returns the bytes one checkpoint needs, about
+    (twice the weights with EMA on).
 
     Raises:
         ConfigError: the model cannot fit, with the sizes.
@@ -348,192 +289,231 @@ def check_memory(setup: Setup, metadata: PuzzleDatasetMetadata) -> int:
                        vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
                        dtype=setup.dtype, device="meta")
     params = sum(p.numel() * 4 for p in meta.model.parameters())
-    checkpoint = model_bytes(meta) + 2 * params
-    need = checkpoint + params
+    checkpoint = model_bytes(meta) + 2 * params + (params if setup.cfg.ema else 0)
+    need = model_bytes(meta) + 6 * params
     available = memory_available(setup.device)
     if need > available:
-        raise ConfigError(f"this architecture needs about {need / 2**30:.1f} GiB for its weights, gradients and optimizer "
-                          f"state, but {setup.device} has {available / 2**30:.1f} GiB available; use a smaller "
-                          "arch.hidden_size or fewer layers")
+        raise ConfigError(f"this architecture needs about {need / 2**30:.1f} GiB for its weights, gradients, optimizer "
+                          f"state and the guard's copy, but {setup.device} has {available / 2**30:.1f} GiB available; "
+                          "use a smaller arch.hidden_size or fewer layers")
     return checkpoint
 
 
-# ---- the loop ---------------------------------------------------------------------------------------------
+# ---- one step, one evaluation -----------------------------------------------------------------------------
 
-def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
-    started = time.perf_counter()  # eval/elapsed_s counts from here: wall time as a user waits for it
-    setup = resolve_setup(args, rank)
-    cfg, device = setup.cfg, setup.device
-    configure_backends(device, cudnn_benchmark=not cfg.deterministic)
-    if cfg.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
-        torch.use_deterministic_algorithms(True)
+def train_step(state: PuzzleTrainState, batch: dict[str, torch.Tensor], cfg: PretrainConfig,
+               rank: Dist) -> dict[str, torch.Tensor]:
+    """One ACT segment and one optimizer update (the reference's ``train_batch``); returns the step's metric sums."""
+    if state.slot.carry is None:
+        state.slot.carry = state.head.initial_carry(batch)
+    state.slot.carry, loss, metrics, _, _ = state.forward(state.slot.carry, batch)
+    (loss / cfg.global_batch_size).backward()
+    state.step += 1
+    all_reduce_gradients(state.head, rank)
+    for opt, schedule in state.schedules.items():
+        for group in opt.param_groups:
+            group["lr"] = schedule.lr(state.step)
+    params = dict(state.head.model.named_parameters()) if state.dense else {}
+    checked = {"loss": loss.detach().reshape(1), **{f"gradient of {n}": p.grad for n, p in params.items()
+                                                    if p.grad is not None}}
+    if state.sparse and state.head.model.puzzle_emb.local_weights.grad is not None:
+        checked["gradient of the puzzle embedding"] = state.head.model.puzzle_emb.local_weights.grad
+    state.guard.update(state.step, checked, state.dense, lambda: [opt.step() for opt in state.dense], params, rank,
+                       then=lambda: [opt.step() for opt in state.sparse], carry=state.slot.carry)
+    for opt in state.dense + state.sparse:
+        opt.zero_grad(set_to_none=True)
+    if state.ema is not None:  # every batch, as the reference does
+        state.ema.update()
+    return metrics
 
+
+def all_reduce_gradients(head, rank: Dist) -> None:
+    """Sum the dense gradients over the processes of a torchrun job (the puzzle embedding's sparse gradient is
+    gathered by its optimizer)."""
+    if rank.world_size > 1:
+        for p in head.model.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+
+
+def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, device: torch.device, rank: Dist,
+             run_path: Path, metrics: MetricsWriter) -> dict[str, float]:
+    """Score the test split (with the EMA weights when on), run the evaluators, save outputs and pictures, log."""
+    for evaluator in data.evaluators:
+        evaluator.begin_eval()
+    collector = OutputsCollector(tuple(cfg.eval_save_outputs)) if cfg.eval_save_outputs else None
+    pictures = EvalPictures(data.task) if rank.is_main and data.task else None
+    consumers = [*data.evaluators, *(c for c in (collector, pictures) if c is not None)]
+    with state.ema.swapped() if state.ema is not None else contextlib.nullcontext():
+        results = evaluate_puzzles(state.forward, state.head, data.test, device, rank, cfg.eval_max_examples,
+                                   consumers=consumers)
+    state.head.train()
+    for evaluator in data.evaluators:
+        save_path = run_path / f"evaluator_{type(evaluator).__name__}_step_{state.step}" if rank.is_main else None
+        results.update(evaluator.result(save_path, rank.rank, rank.world_size) or {})
+    if collector is not None:
+        collector.save(run_path, state.step, rank.rank)
+    if rank.is_main:
+        elapsed = state.clock.elapsed_s()
+        metrics.log(state.step, {f"eval/{k}": v for k, v in results.items()} | {"eval/elapsed_s": elapsed})
+        if pictures is not None:
+            metrics.log_images(state.step, pictures.images())
+        tqdm.write(f"step {state.step} eval ({elapsed:.0f} s into the run): "
+                   + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
+    return results
+
+
+def log_train_point(state: PuzzleTrainState, cfg: PretrainConfig, rank: Dist, metrics: MetricsWriter, bar) -> None:
+    """One ``train/*`` point from the window: losses per example, accuracies per halted puzzle, lr, throughput, wall
+    seconds since the run started (``train/elapsed_s``, as ``eval/elapsed_s`` at each evaluation), undone steps."""
+    sums, n_steps, examples_per_s = state.window.take()
+    reduced = reduce_metrics(sums, rank)
+    if not reduced:
+        return
+    count = max(reduced.pop("count", 0.0), 1.0)
+    point = {f"train/{k}": v / (cfg.global_batch_size * n_steps if k.endswith("loss") else count)
+             for k, v in reduced.items()}
+    lr = next(iter(state.schedules.values())).lr(state.step) if state.schedules else 0.0
+    point.update({"train/lr": lr, "train/examples_per_s": examples_per_s, "train/elapsed_s": state.clock.elapsed_s(),
+                  "train/nonfinite_steps": state.guard.total})
+    metrics.log(state.step, point)
+    bar.set_postfix(loss=f"{point.get('train/lm_loss', float('nan')):.3f}",
+                    acc=f"{point.get('train/accuracy', float('nan')):.3f}", ex_s=f"{examples_per_s:.0f}")
+
+
+# ---- the run ------------------------------------------------------------------------------------------------
+
+@dataclass
+class PuzzleData:
+    """The training and test data of a run, its evaluators, and the schedule's length."""
+
+    train: PuzzleDataset
+    test: PuzzleDataset
+    evaluators: list
+    total_steps: int
+    total_iters: int
+    task: Optional[str]
+
+    def iteration(self, iteration: int, state: PuzzleTrainState, device: torch.device):
+        """The training batches of ``iteration`` still to run, on ``device``: none when the sampler has moved past
+        it (a run stopped after the iteration's last step and resumed), and none past the last step."""
+        if self.train.state_dict()["iteration"] != iteration:
+            return
+        for _set_name, batch, _effective in self.train:
+            if state.step >= self.total_steps:
+                return
+            yield {k: v.to(device, non_blocking=device.type == "cuda") for k, v in batch.items()}
+
+
+def load_data(setup: Setup, rank: Dist) -> PuzzleData:
+    """Open (building where allowed) the training and test data and check they agree.
+
+    Raises:
+        DatasetError, ConfigError: a missing or inconsistent dataset, or a schedule without a step.
+    """
+    cfg = setup.cfg
     prepare_data(cfg, setup.plan.sources, rank)
     test_paths = cfg.data_paths_test or cfg.data_paths
-    train_loader = PuzzleDataset(cfg.data_paths, "train", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
-                                 world_size=rank.world_size, epochs_per_iter=cfg.eval_interval)
-    eval_loader = PuzzleDataset(test_paths, "test", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
-                                world_size=rank.world_size)
-    metadata = train_loader.metadata
-    check_compatible(metadata, eval_loader.metadata, f"{cfg.data_paths} and {test_paths}")
-    evaluators = make_evaluators(cfg, test_paths)
+    train = PuzzleDataset(cfg.data_paths, "train", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
+                          world_size=rank.world_size, epochs_per_iter=cfg.eval_interval)
+    test = PuzzleDataset(test_paths, "test", cfg.global_batch_size, seed=cfg.seed, rank=rank.rank,
+                         world_size=rank.world_size)
+    metadata = train.metadata
+    check_compatible(metadata, test.metadata, f"{cfg.data_paths} and {test_paths}")
     total_steps = int(cfg.epochs * metadata.total_groups * metadata.mean_puzzle_examples / cfg.global_batch_size)
     if total_steps < 1:
         raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "
                           f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
-    checkpoint_bytes = check_memory(setup, metadata) * (2 if cfg.ema else 1)
+    return PuzzleData(train, test, make_evaluators(cfg, test_paths), total_steps, cfg.epochs // cfg.eval_interval,
+                      puzzle_task(test.metadata))
 
-    run, resume_path = None, None
-    if rank.is_main:
-        path = run_location(cfg, setup)
-        hint = f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path else f"rerun with resume={path}"
-        run, resume_path = open_run(path, trainer="pretrain", resume=cfg.resume, resume_hint=hint,
-                                    fingerprint=settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS))
-        run.check_storage(checkpoint_bytes)
-    run_path, resume_path = main_decides((None if run is None else run.path, resume_path), rank)
-    command = resume_command(args, run_path)
 
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    head = build_model(setup.arch, batch_size=setup.local_batch_size, seq_len=metadata.seq_len,
-                       vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
-                       dtype=setup.dtype, device=device)
-    if cfg.load_checkpoint and resume_path is None:
-        note = load_pretrained(head, cfg.load_checkpoint)
+def session_for(args: argparse.Namespace, setup: Setup, data: PuzzleData, rank: Dist):
+    """The run directory of this command (utils/run/session.py): ``checkpoint_path``; the directory of ``resume``;
+    with ``resume=auto``, the newest run under ``checkpoints/<project>/`` with the same settings; else a new
+    ``checkpoints/<project>/<run_name or arch-time>``."""
+    cfg = setup.cfg
+    fingerprint = settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS)
+    kept = cfg.keep_last_checkpoints
+    copies = (min(kept, data.total_iters) + 1) if kept > 0 else data.total_iters + 1
+    checkpoint_bytes = check_memory(setup, data.train.metadata)
+    return open_session(
+        rank, trainer="pretrain", fingerprint=fingerprint, resume=cfg.resume,
+        location=lambda: run_location(
+            explicit=cfg.checkpoint_path, resume=cfg.resume, parent=default_run_parent(cfg), trainer="pretrain",
+            fingerprint=fingerprint, new_name=cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}"),
+        resume_hint=lambda path: f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path
+        else f"rerun with resume={path}",
+        command=lambda path: resume_command(["python", "pretrain.py"], [f"--config-name={args.config_name}", *args.overrides],
+                                            ("resume", "checkpoint_path"), ["resume=auto", f"checkpoint_path={path}"]),
+        storage=lambda: (checkpoint_bytes, copies))
+
+
+def default_run_parent(cfg: PretrainConfig) -> Path:
+    return Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name)
+
+
+def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, session: RunSession) -> None:
+    """The start-up report (rank 0): the plan, the sizes, the run directory; ``plan.yaml`` and ``all_config.yaml``."""
+    cfg, run = setup.cfg, session.run
+    setup.plan.log()
+    n_params = sum(p.numel() for p in state.head.model.parameters())
+    metadata = data.train.metadata
+    log.info("parameters: %s; data: %s (%d train groups, seq_len %d, vocab %d); evaluators: %s; %d optimizer steps",
+             f"{n_params:,}", ", ".join(cfg.data_paths), metadata.total_groups, metadata.seq_len, metadata.vocab_size,
+             ", ".join(type(e).__name__ for e in data.evaluators) or "none", data.total_steps)
+    log.info("run directory: %s (run %s)%s", run.path, run.run_id,
+             f"; resumed from {session.resume_path} at step {state.step}" if session.resume_path else "")
+    setup.plan.save(run.path / "plan.yaml")
+    OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
+
+
+def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
+    """The whole run; returns 0 when the schedule is done, ``stopper.exit_code`` when a signal stopped it."""
+    clock = Clock()  # eval/elapsed_s counts from here: wall time as a user waits for it
+    setup = resolve_setup(args, rank)
+    cfg, device = setup.cfg, setup.device
+    configure_backends(device, cudnn_benchmark=True, deterministic=cfg.deterministic)
+    data = load_data(setup, rank)
+    with session_for(args, setup, data, rank) as session:
+        state = build_state(setup, data, rank, clock, None if session.resume_path else cfg.load_checkpoint)
+        checkpointer = Checkpointer(session.run, rank, cfg.keep_last_checkpoints, identity(setup),
+                                    lambda: export(state, setup))
+        if session.resume_path is not None:
+            checkpointer.restore(state, session.resume_path, device)
         if rank.is_main:
-            log.info("starting from the weights of %s%s", cfg.load_checkpoint, f"; {note}" if note else "")
-    if rank.world_size > 1:
-        for tensor in list(head.model.parameters()) + list(head.model.buffers()):
-            dist.broadcast(tensor.data, src=0)
-    torch.manual_seed(cfg.seed + rank.rank)
-
-    optimizers: list[torch.optim.Optimizer] = []
-    schedules = []
-    base = LRSchedule(cfg.lr, cfg.lr_warmup_steps, total_steps, min_ratio=cfg.lr_min_ratio)
-    if cfg.freeze_weights:
-        head.model.requires_grad_(False)
-        adam_name = "none (freeze_weights=true)"
-    else:
-        adam = get_adam_atan2_optimizer(head.model.parameters(), lr=0.0, betas=(cfg.beta1, cfg.beta2),
-                                        weight_decay=cfg.weight_decay, backend=cfg.optimizer_backend)
-        optimizers.append(adam)
-        schedules.append(base)
-        adam_name = f"{type(adam).__module__}.{type(adam).__name__}"
-    if head.model.config.puzzle_emb_ndim > 0:
-        optimizers.append(SparseEmbeddingSignSGD([head.model.puzzle_emb], lr=0.0, weight_decay=cfg.puzzle_emb_weight_decay))
-        schedules.append(dataclasses.replace(base, base_lr=cfg.puzzle_emb_lr))
-    ema = EMAHelper(head, cfg.ema_rate) if cfg.ema and not cfg.freeze_weights else None
-    forward = compile_model(head) if setup.compile else head
-    setup.plan.decisions["optimizer"] = Decision(f"{adam_name}; puzzle embedding: sign-SGD",
-                                                 f"optimizer_backend={cfg.optimizer_backend}")
-    if cfg.ema:
-        setup.plan.decisions["EMA"] = Decision(f"ema_rate={cfg.ema_rate}" if ema else "off",
-                                               "evaluation and checkpoints use the EMA weights" if ema
-                                               else "freeze_weights=true leaves nothing to average")
-
-    guard = NonFiniteGuard(cfg.max_nonfinite_steps, f"a lower lr (lr={cfg.lr} now), a longer lr_warmup_steps or "
-                                                     "forward_dtype=float32, or check the dataset for bad labels")
-    state = TrainState(started=started)
-    if resume_path is not None:
-        restore_training(resume_path, head, optimizers, ema, train_loader, state, guard, rank, device)
-    if rank.is_main:
-        setup.plan.log()
-        n_params = sum(p.numel() for p in head.model.parameters())
-        log.info("parameters: %s; data: %s (%d train groups, seq_len %d, vocab %d); evaluators: %s; %d optimizer steps",
-                 f"{n_params:,}", ", ".join(cfg.data_paths), metadata.total_groups, metadata.seq_len,
-                 metadata.vocab_size, ", ".join(type(e).__name__ for e in evaluators) or "none", total_steps)
-        log.info("run directory: %s (run %s)%s", run.path, run.run_id,
-                 f"; resumed from {resume_path} at step {state.step}" if resume_path else "")
-        setup.plan.save(run.path / "plan.yaml")
-        OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
-    metrics_out = MetricsWriter(run_path, enabled=rank.is_main, resume_step=state.step if resume_path else None,
-                                logger=cfg.logger, run_id=run.run_id if run else None, project=cfg.project_name,
-                                config=setup.plan.settings)
-    task = puzzle_task(eval_loader.metadata)
-
-    def checkpoint() -> Optional[Path]:
-        try:
-            return save_checkpoint(run, head, optimizers, ema, train_loader, state, guard, setup, rank)
-        except CheckpointWriteError as e:
-            last = run.checkpoints()[-1] if run and run.checkpoints() else None
-            raise CheckpointWriteError(f"{e}; " + (f"resume with: {command}" if last else "no checkpoint of this run exists yet"))
-
-    def evaluate() -> None:
-        for evaluator in evaluators:
-            evaluator.begin_eval()
-        collector = OutputsCollector(tuple(cfg.eval_save_outputs)) if cfg.eval_save_outputs else None
-        pictures = EvalPictures(task) if rank.is_main and task else None
-        consumers = [*evaluators, *(c for c in (collector, pictures) if c is not None)]
-        with ema.swapped() if ema is not None else contextlib.nullcontext():
-            results = evaluate_puzzles(forward, head, eval_loader, device, rank, cfg.eval_max_examples, consumers=consumers)
-        for evaluator in evaluators:
-            save_path = run_path / f"evaluator_{type(evaluator).__name__}_step_{state.step}" if rank.is_main else None
-            results.update(evaluator.result(save_path, rank.rank, rank.world_size) or {})
-        if collector is not None:
-            collector.save(run_path, state.step, rank.rank)
-        if rank.is_main:
-            elapsed = state.elapsed_s()
-            metrics_out.log(state.step, {f"eval/{k}": v for k, v in results.items()} | {"eval/elapsed_s": elapsed})
-            if pictures is not None:
-                metrics_out.log_images(state.step, pictures.images())
-            tqdm.write(f"step {state.step} eval ({elapsed:.0f} s into the run): "
-                       + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
-
-    sums: dict[str, torch.Tensor] = {}
-    examples_since_log, t_log = 0, time.perf_counter()
-    bar = tqdm(total=total_steps, initial=state.step, desc="train", unit="step", disable=not rank.is_main, dynamic_ncols=True)
-    head.train()
-    total_iters = cfg.epochs // cfg.eval_interval
-    try:
-        for iteration in range(train_loader.state_dict()["iteration"], total_iters):
-            for _set_name, batch, _effective in train_loader:
-                if state.step >= total_steps:
-                    break
-                batch = {k: v.to(device, non_blocking=device.type == "cuda") for k, v in batch.items()}
-                if state.carry is None:
-                    state.carry = head.initial_carry(batch)
-                state.carry, loss, metrics, _, _ = forward(state.carry, batch)
-                (loss / cfg.global_batch_size).backward()
-                state.step += 1
-                culprits = check_training_step(gradients_and_loss(head, loss, rank), state.carry, rank, state.step)
-                if guard.step(state.step, culprits, rank):
-                    for opt, schedule in zip(optimizers, schedules):
-                        for group in opt.param_groups:
-                            group["lr"] = schedule.lr(state.step)
-                        opt.step()
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                if ema is not None:  # every batch, as the reference does
-                    ema.update()
-
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0) + v.detach().to(torch.float64)
-                examples_since_log += cfg.global_batch_size
-                bar.update(1)
-                if state.step % cfg.log_interval == 0 or state.step == total_steps:
-                    n_steps = (state.step - 1) % cfg.log_interval + 1
-                    log_train_point(metrics_out, reduce_metrics(sums, rank), state.step, n_steps, cfg, base,
-                                    examples_since_log / (time.perf_counter() - t_log), state.elapsed_s(), guard, bar)
-                    sums, examples_since_log, t_log = {}, 0, time.perf_counter()
+            report_start(setup, data, state, session)
+        with MetricsWriter(session.path, enabled=rank.is_main, resume_step=state.step if session.continuing else None,
+                           logger=cfg.logger, run_id=session.run and session.run.run_id, project=cfg.project_name,
+                           config=setup.plan.settings) as metrics, \
+                tqdm(total=data.total_steps, initial=state.step, desc="train", unit="step", disable=not rank.is_main,
+                     dynamic_ncols=True) as bar:
+            state.head.train()
+            for iteration in range(state.iterations_done.value, data.total_iters):
+                for batch in data.iteration(iteration, state, device):
+                    state.window.add(train_step(state, batch, cfg, rank), cfg.global_batch_size)
+                    bar.update(1)
+                    if state.window.due(state.step, data.total_steps):
+                        log_train_point(state, cfg, rank, metrics, bar)
+                    if any_rank(stopper.requested, rank):
+                        return stop_run(checkpointer, state, stopper, session, rank)
+                evaluated = iteration >= cfg.min_eval_interval
+                if evaluated:
+                    evaluate(state, data, cfg, device, rank, session.path, metrics)
+                state.iterations_done.value = iteration + 1
+                if (evaluated and cfg.checkpoint_every_eval) or iteration == data.total_iters - 1:
+                    checkpointer.save(state)
                 if any_rank(stopper.requested, rank):
-                    path = checkpoint()
-                    if rank.is_main:
-                        log.info("stopped by %s after step %d (checkpoint %s); resume with: %s",
-                                 stopper.signal_name or "a signal on another rank", state.step, path, command)
-                    return 0
-
-            if iteration >= cfg.min_eval_interval:
-                evaluate()
-                if cfg.checkpoint_every_eval:
-                    checkpoint()
-            if iteration == total_iters - 1 and not (cfg.checkpoint_every_eval and iteration >= cfg.min_eval_interval):
-                checkpoint()
-    finally:
-        bar.close()
-        metrics_out.close()
+                    return stop_run(checkpointer, state, stopper, session, rank)
     if rank.is_main:
-        log.info("done: %d steps; checkpoints and metrics.jsonl in %s", state.step, run.path)
+        log.info("done: %d steps; checkpoints and metrics.jsonl in %s", state.step, session.path)
     return 0
+
+
+def identity(setup: Setup) -> dict[str, Any]:
+    """What a checkpoint to resume must match (utils/run/checkpointer.py)."""
+    return {"trainer": "pretrain", "architecture": setup.arch,
+            "settings": {k: v for k, v in setup.plan.settings.items() if k not in RUN_CONTROL_KEYS}}
 
 
 def puzzle_task(metadata: PuzzleDatasetMetadata) -> Optional[str]:
@@ -542,36 +522,6 @@ def puzzle_task(metadata: PuzzleDatasetMetadata) -> Optional[str]:
         return detect_task(metadata)
     except VisualizationError:
         return None
-
-
-def gradients_and_loss(head, loss: torch.Tensor, rank: Dist) -> dict[str, torch.Tensor]:
-    """All-reduce (sum) the gradients across ranks; return the loss and every gradient by name, for the guard."""
-    named = {"loss": loss.detach().reshape(1)}
-    for name, p in head.model.named_parameters():
-        if p.grad is not None:
-            if rank.world_size > 1:
-                dist.all_reduce(p.grad)
-            named[f"gradient of {name}"] = p.grad
-    if head.model.config.puzzle_emb_ndim > 0 and head.model.puzzle_emb.local_weights.grad is not None:
-        named["gradient of the puzzle embedding"] = head.model.puzzle_emb.local_weights.grad
-    return named
-
-
-def log_train_point(out: MetricsWriter, reduced: Optional[dict[str, float]], step: int, n_steps: int,
-                    cfg: PretrainConfig, schedule: LRSchedule, examples_per_s: float, elapsed_s: float, guard: NonFiniteGuard,
-                    bar) -> None:
-    """One ``train/*`` point: losses per example, accuracies per halted puzzle, lr, throughput, wall seconds since the
-    run started (``train/elapsed_s``, as ``eval/elapsed_s`` at each evaluation), skipped steps."""
-    if not reduced:
-        return
-    count = max(reduced.pop("count", 0.0), 1.0)
-    point = {f"train/{k}": v / (cfg.global_batch_size * n_steps if k.endswith("loss") else count)
-             for k, v in reduced.items()}
-    point.update({"train/lr": schedule.lr(step), "train/examples_per_s": examples_per_s, "train/elapsed_s": elapsed_s,
-                  "train/nonfinite_steps": guard.total})
-    out.log(step, point)
-    bar.set_postfix(loss=f"{point.get('train/lm_loss', float('nan')):.3f}",
-                    acc=f"{point.get('train/accuracy', float('nan')):.3f}", ex_s=f"{examples_per_s:.0f}")
 
 
 if __name__ == "__main__":

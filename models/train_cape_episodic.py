@@ -19,37 +19,38 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
-import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import utils  # noqa: F401  (sets the MPS fallback env before torch loads)
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from models.cape import BACKBONES, MODELS, build_model, init_backbone_weights
 from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
-from utils.config import ConfigError, merge_layers
+from utils.config import ConfigError, check_number
 from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
                               collate_episodes, load_mp100, load_split)
-from utils.device import bf16_support, configure_backends, describe, select_device
+from utils.device import bf16_support, configure_backends
 from utils.distributed import Dist, any_rank, main_decides
 from utils.eval.pck import EpisodeEvaluator, copy_support_baseline, crop_to_original, protocol_episodes
 from utils.hardware_optimizer import resolve_hardware_profile
-from utils.run.checkpoint import (CheckpointError, CheckpointWriteError, atomic_save, capture_rng_state,
-                                  restore_rng_state, safe_load)
-from utils.run.guard import NonFiniteGuard, nonfinite_names
+from utils.outputs import check_writable_file
+from utils.run.checkpoint import CheckpointError, safe_load
+from utils.run.checkpointer import Best, Checkpointer
+from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main
-from utils.run.metrics import MetricsWriter
-from utils.run.plan import Decision, Plan
-from utils.run.run_dir import RunDirectory, find_matching_run, open_run, settings_fingerprint
+from utils.run.metrics import MetricsWindow, MetricsWriter
+from utils.run.plan import Decision, Plan, layered_settings
+from utils.run.run_dir import run_location, settings_fingerprint
 from utils.run.schedule import LRSchedule
+from utils.run.session import RunSession, open_session, resume_command, stop_run
 from utils.run.stop import GracefulStop
+from utils.run.train_state import Clock, RNGStates, TrainState, Value
 from utils.viz.pose import pose_grid
 
 log = logging.getLogger("cape")
@@ -75,6 +76,11 @@ DEFAULTS = {
 RUN_CONTROL = ("num_workers", "device", "hardware", "output_dir", "resume", "logger", "log_interval",
                "keep_last_checkpoints", "max_nonfinite_steps", "eval_only", "eval_set", "predictions_out", "report_out",
                "backbone_weights", "cudnn_benchmark")
+# Finite ranges around the papers' recipes (Adam/AdamW lr 1e-5..2e-4, weight decay 1e-4..1e-2, clip 1, heatmap 2,
+# augmentation 0.15 / 15 degrees / 0.6): wide enough for any sweep, narrow enough to catch a typo or an inf.
+CAPE_FLOAT_RANGES = {"lr": (0, 1), "weight_decay": (0, 10), "clip_max_norm": (0, 1e4), "heatmap_weight": (0, 1e3),
+                     "aug_scale": (0, 1), "aug_rotation": (0, 180), "aug_colour": (0, 1), "lr_warmup_ratio": (0, 1),
+                     "lr_min_ratio": (0, 1), "lr_gamma": (0, 1), "aug_rotation_prob": (0, 1)}
 MODEL_FLAGS = ("backbone", "hidden_dim", "num_heads", "num_decoder_layers", "dropout", "drop_path_rate")
 
 
@@ -165,7 +171,8 @@ def build_parser() -> ArgumentParser:
 # ---- settings ---------------------------------------------------------------------------------------
 
 def resolve_settings(argv: list[str] | None, rank: Dist) -> tuple[argparse.Namespace, Plan, torch.device]:
-    """Merge defaults, hardware profile, recipe and command line; validate; take the device decision.
+    """Merge defaults, hardware profile, recipe and command line (utils/run/plan.layered_settings); validate; take
+    the device decision.
 
     Raises:
         ConfigError, DeviceError, CapeModelError: a bad setting, in one line.
@@ -174,16 +181,14 @@ def resolve_settings(argv: list[str] | None, rank: Dist) -> tuple[argparse.Names
     cli = {k: v for k, v in parsed.items() if v is not None}
     recipe_name = cli.get("recipe")
     recipe = [(f"recipe {recipe_name}", dict(get_recipe(recipe_name).flags))] if recipe_name else []
-    prelim, _ = merge_layers([("defaults", DEFAULTS), *recipe, ("command line", cli)])
-    device_choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else prelim["device"])
-    device = device_choice.device
-    decisions = {"device": Decision(f"{device} - {describe(device)}", device_choice.reason)}
-    name, knobs, reason = resolve_hardware_profile(prelim["hardware"], device)
-    profile = {"batch_size": knobs["batch_size"] * knobs["accumulation_steps"],
-               "accumulation_steps": knobs["accumulation_steps"], "num_workers": knobs["num_workers"]}
-    decisions["hardware profile"] = Decision(name, reason)
-    merged, sources = merge_layers([("defaults", DEFAULTS), (f"hardware profile {name}", profile), *recipe,
-                                    ("command line", cli)])
+
+    def profile(merged: dict, device: torch.device):
+        name, knobs, reason = resolve_hardware_profile(merged["hardware"], device)
+        return name, {"batch_size": knobs["batch_size"] * knobs["accumulation_steps"],
+                      "accumulation_steps": knobs["accumulation_steps"], "num_workers": knobs["num_workers"]}, reason
+
+    merged, sources, _, device, decisions = layered_settings([("defaults", DEFAULTS)], [*recipe, ("command line", cli)],
+                                                             rank, lambda merged: merged["device"], profile)
     merged["lr_steps"] = list(merged["lr_steps"])
     args = argparse.Namespace(**main_decides(merged, rank))
     check_settings(args)
@@ -220,10 +225,8 @@ def check_settings(args: argparse.Namespace) -> None:
         need(getattr(args, flag) >= 0, flag, "0 or more")
     need(args.batch_size % args.accumulation_steps == 0, "batch_size",
          f"must be divisible by --accumulation_steps {args.accumulation_steps} (episodes per micro-batch)")
-    for flag in ("lr", "weight_decay", "clip_max_norm", "heatmap_weight", "aug_scale", "aug_rotation", "aug_colour"):
-        need(0 <= getattr(args, flag) < 1e6, flag, "0 or more")
-    for flag in ("lr_warmup_ratio", "lr_min_ratio", "lr_gamma", "aug_rotation_prob"):
-        need(0 <= getattr(args, flag) <= 1, flag, "in [0, 1]")
+    for flag, (low, high) in CAPE_FLOAT_RANGES.items():
+        check_number(flag, getattr(args, flag), low, high, flag_style=True)
     need(all(s >= 0 for s in args.lr_steps), "lr_steps", "epochs, 0 or more")
     need(args.aug_scale < 1, "aug_scale", "below 1 (a crop scale of 1 - s must stay positive)")
     if args.eval_only and not args.resume:
@@ -255,6 +258,50 @@ def amp_policy(device: torch.device, use_amp: bool) -> AmpPolicy:
     return AmpPolicy(None, False, f"off: {why}, and fp16 on a CPU is slower than fp32")
 
 
+# ---- the training state ------------------------------------------------------------------------------
+
+class CapeTrainState(TrainState):
+    """Everything that shapes the rest of a CAPE run (utils/run/train_state.py): the model, the optimizer and its
+    lr schedule, the GradScaler (fp16), the guard's counters, the metrics window, the wall clock, the position in
+    the episode stream (epoch, episodes done in it), the best validation PCK@0.2, and per process the RNG states.
+    ``trained`` is the module the step runs (the DDP wrapper under torchrun)."""
+
+    def __init__(self, model, trained, loss_fn, optimizer, scaler, schedule: LRSchedule, guard: NonFiniteGuard,
+                 amp: AmpPolicy, clock: Clock, log_interval: int, rank: Dist):
+        self.model, self.trained, self.loss_fn, self.optimizer, self.scaler = model, trained, loss_fn, optimizer, scaler
+        self.schedule, self.guard, self.amp, self.clock = schedule, guard, amp, clock
+        self.window, self.position, self.best = MetricsWindow(log_interval), Value({"epoch": 0, "episode": 0}), Best("PCK@0.2")
+        parts = {"model": model, "optimizer": optimizer, "guard": guard, "window": self.window, "clock": clock,
+                 "position": self.position, "best": self.best}
+        if scaler is not None:
+            parts["scaler"] = scaler
+        super().__init__(parts, {"rng": RNGStates()}, rank)
+
+
+def build_state(args, device: torch.device, rank: Dist, clock: Clock, total_steps: int,
+                steps_per_epoch: int) -> tuple[CapeTrainState, Decision]:
+    """The model (seeded), its optimizer, lr schedule, GradScaler and guard, as one train state at step 0; and the
+    backbone-weights decision for the plan."""
+    torch.manual_seed(args.seed)
+    overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
+    model, loss_fn = build_model(args.model, image_size=args.image_size, **overrides)
+    weights = Decision(args.backbone_weights or "cache/random", init_backbone_weights(model.backbone, args.backbone_weights))
+    model.to(device)
+    if device.type != "mps":  # NHWC convs are faster with cuDNN and oneDNN; MPS support is patchy
+        model.to(memory_format=torch.channels_last)
+    trained = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if rank.world_size > 1 else model
+    optimizer_class = torch.optim.Adam if args.optimizer == "adam" else torch.optim.AdamW
+    optimizer = optimizer_class(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    amp = amp_policy(device, args.use_amp)
+    scaler = torch.amp.GradScaler(device.type) if amp.use_scaler else None
+    schedule = LRSchedule(args.lr, args.lr_warmup_steps, total_steps, kind=args.lr_schedule,
+                          min_ratio=args.lr_min_ratio, milestones=tuple(e * steps_per_epoch for e in args.lr_steps),
+                          gamma=args.lr_gamma, warmup_ratio=args.lr_warmup_ratio)
+    guard = NonFiniteGuard(args.max_nonfinite_steps, "a lower --lr, --clip_max_norm > 0, or --no-use_amp")
+    state = CapeTrainState(model, trained, loss_fn, optimizer, scaler, schedule, guard, amp, clock, args.log_interval, rank)
+    return state, weights
+
+
 # ---- one step, one evaluation ------------------------------------------------------------------------
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -268,48 +315,48 @@ def run_model(model, batch: dict[str, torch.Tensor], amp: AmpPolicy, device: tor
                      batch["query_image"], batch["keypoint_mask"], batch["adjacency"])
 
 
-def train_step(model, loss_fn, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-               micro_batches: list[dict[str, torch.Tensor]], amp: AmpPolicy, device: torch.device, args,
-               rank: Dist = Dist()) -> tuple[dict[str, float], list[str]]:
-    """Forward and backward over ``micro_batches`` (gradient accumulation, one on the device at a time), then clip.
+def train_step(state: CapeTrainState, micro_batches: list[dict[str, torch.Tensor]], device: torch.device, args,
+               rank: Dist = Dist()) -> dict[str, float]:
+    """One optimizer update over ``micro_batches`` (gradient accumulation, one on the device at a time): forward and
+    backward (under torchrun DDP averages the gradients across ranks in backward), clip, and the guarded update.
 
-    Returns the mean loss parts and the names of what went non-finite (the loss, or gradients; empty when the
-    step may be applied). fp16 gradients are unscaled before clipping, so ``clip_max_norm`` applies to the
-    true gradient; with a GradScaler, overflowing gradients are its business and only the loss is checked.
-    Under torchrun ``model`` is the DDP wrapper: gradients are averaged across ranks in backward.
+    Returns the mean loss parts, ``grad_norm``, and ``applied`` (1.0, or 0.0 when the guard undid the update).
+    fp16 gradients are unscaled before clipping, so ``clip_max_norm`` applies to the true gradient; with a
+    GradScaler, overflowing gradients are its business (it skips that update itself) and only the loss is checked.
     """
-    optimizer.zero_grad(set_to_none=True)
+    state.optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
     losses = []
     for batch in micro_batches:
         batch = to_device(batch, device)
-        loss, parts = loss_fn(run_model(model, batch, amp, device), batch, heatmap_weight=args.heatmap_weight)
+        loss, parts = state.loss_fn(run_model(state.trained, batch, state.amp, device), batch,
+                                    heatmap_weight=args.heatmap_weight)
         scaled = loss / len(micro_batches)
-        (scaler.scale(scaled) if scaler is not None else scaled).backward()
+        (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
         losses.append(loss.detach())
         for k, v in {"loss": loss.detach(), **parts}.items():
             totals[k] = totals.get(k, 0.0) + float(v) / len(micro_batches)
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    params = [p for p in model.parameters() if p.grad is not None]
+    if state.scaler is not None:
+        state.scaler.unscale_(state.optimizer)
+    named = {n: p for n, p in state.model.named_parameters() if p.grad is not None}
     checked = {"loss": torch.stack(losses)}
-    if scaler is None:
-        checked.update({f"gradient of {n}": p.grad for n, p in model.named_parameters() if p.grad is not None})
-    culprits = nonfinite_names(checked, rank)
-    if not culprits:
-        totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, args.clip_max_norm or float("inf")))
-    return totals, culprits
+    if state.scaler is None:
+        checked.update({f"gradient of {n}": p.grad for n, p in named.items()})
+    totals["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(list(named.values()), args.clip_max_norm or float("inf")))
+    state.step += 1
+    for group in state.optimizer.param_groups:
+        group["lr"] = state.schedule.lr(state.step)
+    applied = state.guard.update(state.step, checked, [state.optimizer], lambda: apply_update(state), named, rank)
+    return totals | {"applied": float(applied)}
 
 
-def apply_step(optimizer, scaler, schedule: LRSchedule, step: int) -> None:
-    """Set this update's lr and step (through the GradScaler, which skips an overflowing fp16 update itself)."""
-    for group in optimizer.param_groups:
-        group["lr"] = schedule.lr(step)
-    if scaler is not None:
-        scaler.step(optimizer)
-        scaler.update()
+def apply_update(state: CapeTrainState) -> None:
+    """Step the optimizer (through the GradScaler, which skips an overflowing fp16 update itself)."""
+    if state.scaler is not None:
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
     else:
-        optimizer.step()
+        state.optimizer.step()
 
 
 @torch.no_grad()
@@ -337,6 +384,49 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
     return ours, baseline, first
 
 
+def validate(state: CapeTrainState, split, loader, device, args, metrics: MetricsWriter, rank: Dist) -> bool:
+    """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved."""
+    improved = False
+    if rank.is_main:
+        ours, baseline, first = evaluate(state.model, split, loader, state.amp, device, args, "val")
+        pck = 100 * ours.pck()
+        improved = state.best.improved(pck, state.step)
+        metrics.log(state.step, {"val/PCK@0.2": pck, "val/copy_support_PCK@0.2": 100 * baseline.pck(),
+                                 "val/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"]})
+        if first is not None:
+            metrics.log_images(state.step, {"val/poses": pose_grid(*first)})
+        log.info("epoch %d: val PCK@0.2 %.2f (copy-support %.2f, %d queries)%s; %.0fs elapsed",
+                 state.position.value["epoch"], pck, 100 * baseline.pck(), len(ours.records),
+                 " new best" if improved else "", state.clock.elapsed_s())
+    improved, best = main_decides((improved, state.best.state_dict()), rank)
+    state.best.load_state_dict(best)
+    return improved
+
+
+def test(state: CapeTrainState, split, device, args, metrics: MetricsWriter, run_path: Path) -> None:
+    """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run."""
+    best = run_path / "best.pt"
+    if best.is_file():
+        state.model.load_state_dict(safe_load(best, map_location=device)["model"])
+    ours, baseline, _ = evaluate(state.model, split, eval_loader(split, "test", args, device), state.amp, device, args,
+                                 "test")
+    metrics.log(state.step, {"test/PCK@0.2": 100 * ours.pck(), "test/copy_support_PCK@0.2": 100 * baseline.pck()})
+    ours.write_report(run_path / "pck_report.json")
+    log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f, copy-support baseline %.2f; %.0fs in all",
+             len(ours.records), "best val checkpoint" if best.is_file() else "last weights", 100 * ours.pck(),
+             100 * baseline.pck(), state.clock.elapsed_s())
+
+
+def log_train_point(state: CapeTrainState, metrics: MetricsWriter, bar) -> None:
+    """One ``train/*`` point: the window's mean loss parts, lr, undone steps, wall seconds of the run."""
+    sums, n, _ = state.window.take()
+    values = {f"train/{k}": v / n for k, v in sums.items()}
+    values.update({"train/lr": state.schedule.lr(state.step), "train/nonfinite_steps": state.guard.total,
+                   "train/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"] + 1})
+    metrics.log(state.step, values)
+    bar.set_postfix(loss=f"{values['train/loss']:.4f}", lr=f"{values['train/lr']:.2e}")
+
+
 # ---- checkpoints -----------------------------------------------------------------------------------------
 
 def model_record(name: str, model) -> dict:
@@ -344,73 +434,9 @@ def model_record(name: str, model) -> dict:
 
 
 def build_from_record(record: dict):
-    """The model and loss a checkpoint's ``model_config`` describes."""
+    """The model and loss a checkpoint's ``architecture`` describes."""
     settings = dict(record)
     return build_model(settings.pop("model"), **settings)
-
-
-def save_checkpoint(run: RunDirectory, name: str, model, optimizer, scaler, state: dict, args, guard) -> Path:
-    """Write ``name`` (``step_<N>.pt`` or ``best.pt``) atomically with everything a bitwise resume needs.
-
-    Raises:
-        CheckpointWriteError: the write failed (the previous checkpoint is intact).
-    """
-    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-               "scaler": scaler.state_dict() if scaler is not None else None, "rng": capture_rng_state(),
-               "model_config": model_record(args.model, model), "args": vars(args), "run_id": run.run_id,
-               "nonfinite_total": guard.total, **state}
-    if name == "best.pt":
-        return atomic_save(payload, run.claim_best(name))
-    path = atomic_save(payload, run.claim_checkpoint(name))
-    run.prune(args.keep_last_checkpoints)
-    return path
-
-
-def restore(path: Path, model, optimizer, scaler, guard, args, device: torch.device) -> dict:
-    """Restore a checkpoint of this trainer into the live objects; returns its progress state.
-
-    Raises:
-        CheckpointError: missing, corrupt or unsafe, another model configuration, or not this trainer's.
-    """
-    ckpt = safe_load(path, map_location=device)
-    try:
-        if ckpt["model_config"] != model_record(args.model, model):
-            raise CheckpointError(f"{path} holds a model {ckpt['model_config']}, but the settings build "
-                                  f"{model_record(args.model, model)}; resume with the settings of the run that wrote it")
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        if scaler is not None and ckpt["scaler"] is not None:
-            scaler.load_state_dict(ckpt["scaler"])
-        restore_rng_state(ckpt["rng"])
-        guard.total = int(ckpt.get("nonfinite_total", 0))
-        return {k: ckpt[k] for k in ("epoch", "episode", "step", "best_val_pck")}
-    except KeyError as e:
-        raise CheckpointError(f"{path} lacks {e}; it was not written by models.train_cape_episodic") from None
-
-
-def run_location(args, fingerprint: str) -> Path:
-    """Where the run lives: ``--output_dir``; the directory ``--resume`` names; with ``--resume auto``, the newest run
-    under ``outputs/cape/`` started with the same settings; else ``outputs/cape/<model>-split<N>-<K>shot-<time>``."""
-    if args.output_dir:
-        return Path(args.output_dir)
-    if args.resume and args.resume != "auto":
-        return Path(args.resume) if Path(args.resume).is_dir() else Path(args.resume).parent
-    parent = Path("outputs/cape")
-    found = find_matching_run(parent, "cape", fingerprint) if args.resume == "auto" else None
-    return found or parent / f"{args.model}-split{args.split}-{args.shots}shot-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def resume_command(run_path: Path) -> str:
-    argv, kept, skip = sys.argv[1:], [], False
-    for a in argv:  # drop earlier --resume/--output_dir so the line stays copy-pastable
-        if skip:
-            skip = False
-        elif a in ("--resume", "--output_dir"):
-            skip = True
-        elif not a.startswith(("--resume=", "--output_dir=")):
-            kept.append(a)
-    return shlex.join(["python", "-m", "models.train_cape_episodic", *kept, "--resume", "auto",
-                       "--output_dir", str(run_path)])
 
 
 # ---- data -------------------------------------------------------------------------------------------------
@@ -431,6 +457,53 @@ def eval_loader(split: MP100Split, subset: str, args, device: torch.device) -> D
     return make_loader(dataset, max(1, args.batch_size // args.accumulation_steps), args, device, args.seed)
 
 
+@dataclasses.dataclass
+class CapeData:
+    """The MP-100 splits of a run, the training episodes, and the schedule's length."""
+
+    splits: dict[str, MP100Split]
+    train: EpisodeDataset
+    episodes: int
+    steps_per_epoch: int
+    micro: int
+    bar: Any = None  # the progress bar of the epoch being served
+
+    def epoch(self, state: CapeTrainState, args, device: torch.device, rank: Dist):
+        """The rest of the current epoch as lists of ``accumulation_steps`` micro-batches, with a progress bar."""
+        epoch, done = state.position.value["epoch"], state.position.value["episode"]
+        self.train.set_epoch(epoch, start=done // rank.world_size)
+        loader = make_loader(self.train, self.micro // rank.world_size, args, device, args.seed * 100003 + epoch)
+        batches = []
+        with tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, disable=not rank.is_main,
+                  initial=done // self.micro, total=self.steps_per_epoch * args.accumulation_steps) as self.bar:
+            for batch in self.bar:
+                batches.append(batch)
+                if len(batches) == args.accumulation_steps:
+                    yield batches
+                    batches = []
+
+
+def load_data(args, rank: Dist) -> CapeData:
+    """Load MP-100 (or the synthetic stand-in) and size the epochs.
+
+    Raises:
+        MP100Error, ConfigError: a bad file or a batch that cannot be split over the processes.
+    """
+    splits = load_mp100(args.data_root, args.split)
+    train_counts = {c: len(v) for c, v in splits["train"].instances.items() if len(v) >= args.shots + args.queries}
+    episodes = args.episodes_per_epoch or max(1, reference_epoch_queries(train_counts) // args.queries)
+    steps_per_epoch = max(1, episodes // args.batch_size)
+    micro = args.batch_size // args.accumulation_steps  # episodes per micro-batch, over all ranks
+    if micro % rank.world_size:
+        raise ConfigError(f"--batch_size {args.batch_size} / --accumulation_steps {args.accumulation_steps} = {micro} "
+                          f"episodes per micro-batch cannot be split over {rank.world_size} processes")
+    train = EpisodeDataset(splits["train"], EpisodeSampler(splits["train"], args.shots, args.queries), args.image_size,
+                           Augmentation(args.aug_scale, args.aug_rotation, args.aug_rotation_prob, args.aug_colour),
+                           args.seed, num_episodes=steps_per_epoch * args.batch_size // rank.world_size,
+                           rank=rank.rank, world_size=rank.world_size)
+    return CapeData(splits, train, episodes, steps_per_epoch, micro)
+
+
 # ---- evaluation only ---------------------------------------------------------------------------------------
 
 def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
@@ -438,14 +511,19 @@ def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
     write the predictions file and ``pck_report.json``, print the per-category table."""
     if rank.world_size > 1:
         raise ConfigError("--eval_only runs in one process; start it without torchrun")
+    report = Path(args.report_out) if args.report_out else (
+        Path(args.predictions_out).parent if args.predictions_out else Path(".")) / "pck_report.json"
+    if args.predictions_out:
+        check_writable_file(args.predictions_out, "--predictions_out")
+    check_writable_file(report, "--report_out")
     checkpoint = Path(args.resume)
     payload = safe_load(checkpoint, map_location="cpu")
-    if not isinstance(payload, dict) or "model_config" not in payload or "model" not in payload:
-        raise CheckpointError(f"{checkpoint} was not written by models.train_cape_episodic (no model_config)")
-    model, _ = build_from_record(payload["model_config"])
+    if not isinstance(payload, dict) or "architecture" not in payload or "model" not in payload:
+        raise CheckpointError(f"{checkpoint} was not written by models.train_cape_episodic (no architecture record)")
+    model, _ = build_from_record(payload["architecture"])
     model.load_state_dict(payload["model"])
     model.to(device)
-    args.model, args.image_size = payload["model_config"]["model"], payload["model_config"]["image_size"]
+    args.model, args.image_size = payload["architecture"]["model"], payload["architecture"]["image_size"]
     split = load_split(annotation_path(args.data_root, args.split, args.eval_set), Path(args.data_root) / "images")
     amp = amp_policy(device, args.use_amp)
     plan.log()
@@ -456,8 +534,6 @@ def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
     if args.predictions_out:
         ours.write_predictions(args.predictions_out)
         log.info("predictions: %s (%d queries)", args.predictions_out, len(ours.records))
-    report = Path(args.report_out) if args.report_out else (
-        Path(args.predictions_out).parent if args.predictions_out else Path(".")) / "pck_report.json"
     ours.write_report(report)
     log.info("report: %s", report)
     return 0
@@ -465,176 +541,87 @@ def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
 
 # ---- training -----------------------------------------------------------------------------------------------
 
+def session_for(argv: list[str] | None, args, plan: Plan, state: CapeTrainState, rank: Dist):
+    """The run directory (utils/run/session.py): ``--output_dir``; the directory ``--resume`` names; with
+    ``--resume auto``, the newest run under ``outputs/cape/`` with the same settings; else a new
+    ``outputs/cape/<model>-split<N>-<K>shot-<time>``."""
+    fingerprint = settings_fingerprint(plan.settings, RUN_CONTROL)
+    weights = sum(p.numel() * p.element_size() for p in state.model.parameters())
+    kept = args.keep_last_checkpoints
+    copies = (kept + 2) if kept > 0 else args.epochs + 2  # the kept ones, the one being written, best.pt
+    return open_session(
+        rank, trainer="cape", fingerprint=fingerprint, resume=args.resume,
+        location=lambda: run_location(
+            explicit=args.output_dir, resume=args.resume, parent=Path("outputs/cape"), trainer="cape",
+            fingerprint=fingerprint, new_name=f"{args.model}-split{args.split}-{args.shots}shot-{time.strftime('%Y%m%d-%H%M%S')}"),
+        resume_hint=lambda path: f"add --resume auto --output_dir {path}",
+        command=lambda path: resume_command(["python", "-m", "models.train_cape_episodic"],
+                                            sys.argv[1:] if argv is None else argv, ("--resume", "--output_dir"),
+                                            ["--resume", "auto", "--output_dir", str(path)]),
+        storage=lambda: (3 * weights, copies))
+
+
+def identity(args, state: CapeTrainState, plan: Plan) -> dict:
+    """What a checkpoint to resume must match (utils/run/checkpointer.py)."""
+    return {"trainer": "cape", "architecture": model_record(args.model, state.model),
+            "settings": {k: v for k, v in plan.settings.items() if k not in RUN_CONTROL}}
+
+
+def report_start(args, plan: Plan, data: CapeData, state: CapeTrainState, session: RunSession, total_steps: int) -> None:
+    """The start-up report (rank 0) and ``plan.yaml``."""
+    plan.log()
+    splits = data.splits
+    log.info("data: %s split %d: %s", args.data_root, args.split, ", ".join(
+        f"{s} {len(splits[s].categories)} categories / {sum(map(len, splits[s].instances.values()))} instances"
+        for s in splits))
+    log.info("model: %s, %.1fM parameters; %d episodes per epoch, %d optimizer steps", args.model,
+             sum(p.numel() for p in state.model.parameters()) / 1e6, data.episodes, total_steps)
+    log.info("run directory: %s (run %s)%s", session.run.path, session.run.run_id,
+             f"; resumed from {session.resume_path} at step {state.step}" if session.resume_path else "")
+    plan.save(session.run.path / "plan.yaml")
+
+
 def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
+    """The whole run; returns 0 when the schedule (and the test) is done, ``stopper.exit_code`` when a signal stopped it."""
+    clock = Clock()
     args, plan, device = resolve_settings(argv, rank)
-    if args.cudnn_deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it for determinism
-        torch.use_deterministic_algorithms(True, warn_only=True)  # some upsampling backwards have no deterministic kernel
-        torch.backends.cudnn.deterministic = True
-    configure_backends(device, cudnn_benchmark=args.cudnn_benchmark)
+    configure_backends(device, args.cudnn_benchmark, deterministic=args.cudnn_deterministic, warn_only=True)
     if args.eval_only:
         return evaluate_only(args, plan, device, rank)
-    torch.manual_seed(args.seed)
-    amp = amp_policy(device, args.use_amp)
-
-    splits = load_mp100(args.data_root, args.split)
-    overrides = {k: getattr(args, k) for k in MODEL_FLAGS if getattr(args, k) is not None}
-    model, loss_fn = build_model(args.model, image_size=args.image_size, **overrides)
-    plan.decisions["backbone weights"] = Decision(args.backbone_weights or "cache/random",
-                                                  init_backbone_weights(model.backbone, args.backbone_weights))
-    model.to(device)
-    if device.type != "mps":  # NHWC convs are faster with cuDNN and oneDNN; MPS support is patchy
-        model.to(memory_format=torch.channels_last)
-    trained = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if rank.world_size > 1 else model
-    if args.optimizer == "adam":
-        optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    scaler = torch.amp.GradScaler(device.type) if amp.use_scaler else None
-
-    train_counts = {c: len(v) for c, v in splits["train"].instances.items() if len(v) >= args.shots + args.queries}
-    episodes = args.episodes_per_epoch or max(1, reference_epoch_queries(train_counts) // args.queries)
-    steps_per_epoch = max(1, episodes // args.batch_size)
-    total_steps = args.epochs * steps_per_epoch
-    schedule = LRSchedule(args.lr, args.lr_warmup_steps, total_steps, kind=args.lr_schedule,
-                          min_ratio=args.lr_min_ratio, milestones=tuple(e * steps_per_epoch for e in args.lr_steps),
-                          gamma=args.lr_gamma, warmup_ratio=args.lr_warmup_ratio)
-    guard = NonFiniteGuard(args.max_nonfinite_steps, "a lower --lr, --clip_max_norm > 0, or --no-use_amp")
-
-    run, resume_path = None, None
-    if rank.is_main:
-        fingerprint = settings_fingerprint(plan.settings, RUN_CONTROL)
-        path = run_location(args, fingerprint)
-        run, resume_path = open_run(path, trainer="cape", fingerprint=fingerprint, resume=args.resume,
-                                    resume_hint=f"add --resume auto --output_dir {path}")
-        run.check_storage(3 * sum(p.numel() * p.element_size() for p in model.parameters()))
-    run_path, resume_path = main_decides((None if run is None else run.path, resume_path), rank)
-    state = {"epoch": 0, "episode": 0, "step": 0, "best_val_pck": -1.0}
-    if resume_path is not None:
-        state = restore(resume_path, model, optimizer, scaler, guard, args, device)
-    if rank.is_main:
-        plan.log()
-        log.info("data: %s split %d: %s", args.data_root, args.split, ", ".join(
-            f"{s} {len(splits[s].categories)} categories / {sum(map(len, splits[s].instances.values()))} instances"
-            for s in splits))
-        log.info("model: %s, %.1fM parameters; %d episodes per epoch, %d optimizer steps", args.model,
-                 sum(p.numel() for p in model.parameters()) / 1e6, episodes, total_steps)
-        log.info("run directory: %s (run %s)%s", run.path, run.run_id,
-                 f"; resumed from {resume_path} at step {state['step']}" if resume_path else "")
-        plan.save(run.path / "plan.yaml")
-    command = resume_command(run_path)
-    micro = args.batch_size // args.accumulation_steps  # episodes per micro-batch, over all ranks
-    if micro % rank.world_size:
-        raise ConfigError(f"--batch_size {args.batch_size} / --accumulation_steps {args.accumulation_steps} = {micro} "
-                          f"episodes per micro-batch cannot be split over {rank.world_size} processes")
-    train_ds = EpisodeDataset(splits["train"], EpisodeSampler(splits["train"], args.shots, args.queries), args.image_size,
-                              Augmentation(args.aug_scale, args.aug_rotation, args.aug_rotation_prob, args.aug_colour),
-                              args.seed, num_episodes=steps_per_epoch * args.batch_size // rank.world_size,
-                              rank=rank.rank, world_size=rank.world_size)
-    val_loader = eval_loader(splits["val"], "val", args, device) if rank.is_main else None
-
-    def checkpoint(name: str) -> Path | None:
-        path = None
+    data = load_data(args, rank)
+    total_steps = args.epochs * data.steps_per_epoch
+    state, plan.decisions["backbone weights"] = build_state(args, device, rank, clock, total_steps, data.steps_per_epoch)
+    with session_for(argv, args, plan, state, rank) as session:
+        checkpointer = Checkpointer(session.run, rank, args.keep_last_checkpoints, identity(args, state, plan),
+                                    lambda: {"args": vars(args)})
+        if session.resume_path is not None:
+            checkpointer.restore(state, session.resume_path, device)
         if rank.is_main:
-            try:
-                path = save_checkpoint(run, name, model, optimizer, scaler, state, args, guard)
-            except CheckpointWriteError as e:
-                raise CheckpointWriteError(f"{e}; " + (f"resume with: {command}" if run.checkpoints()
-                                                       else "no checkpoint of this run exists yet")) from None
-        if rank.world_size > 1:
-            dist.barrier()  # the others may read it next (best.pt before the test)
-        return path
-
-    t_start = time.time()
-    model.train()
-    metrics = MetricsWriter(run_path, enabled=rank.is_main, resume_step=state["step"] if resume_path else None,
-                            logger=args.logger, run_id=run.run_id if run else None, project="cape", config=vars(args))
-    try:
-        for epoch in range(state["epoch"], args.epochs):
-            state["epoch"] = epoch
-            train_ds.set_epoch(epoch, start=state["episode"] // rank.world_size)
-            loader = make_loader(train_ds, micro // rank.world_size, args, device, args.seed * 100003 + epoch)
-            bar = tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, disable=not rank.is_main,
-                       initial=state["episode"] // micro, total=steps_per_epoch * args.accumulation_steps)
-            window, batches = {}, []
-            for batch in bar:
-                batches.append(batch)
-                if len(batches) < args.accumulation_steps:
-                    continue
-                parts, culprits = train_step(trained, loss_fn, optimizer, scaler, batches, amp, device, args, rank)
-                batches = []
-                state["step"] += 1
-                state["episode"] += args.batch_size
-                if guard.step(state["step"], culprits, rank):
-                    apply_step(optimizer, scaler, schedule, state["step"])
-                for k, v in parts.items():
-                    window[k] = window.get(k, 0.0) + v
-                window["n"] = window.get("n", 0) + 1
-                if state["step"] % args.log_interval == 0:
-                    n = window.pop("n")
-                    values = {f"train/{k}": v / n for k, v in window.items()}
-                    values.update({"train/lr": schedule.lr(state["step"]), "train/nonfinite_steps": guard.total,
-                                   "train/elapsed_s": time.time() - t_start, "epoch": epoch + 1})
-                    metrics.log(state["step"], values)
-                    bar.set_postfix(loss=f"{values['train/loss']:.4f}", lr=f"{values['train/lr']:.2e}")
-                    window = {}
+            report_start(args, plan, data, state, session, total_steps)
+        val_loader = eval_loader(data.splits["val"], "val", args, device) if rank.is_main else None
+        position = state.position.value
+        with MetricsWriter(session.path, enabled=rank.is_main, resume_step=state.step if session.continuing else None,
+                           logger=args.logger, run_id=session.run and session.run.run_id, project="cape",
+                           config=vars(args)) as metrics:
+            state.model.train()
+            while position["epoch"] < args.epochs:
+                for micro_batches in data.epoch(state, args, device, rank):
+                    state.window.add(train_step(state, micro_batches, device, args, rank), 1)
+                    position["episode"] += args.batch_size
+                    if state.window.due(state.step, total_steps):
+                        log_train_point(state, metrics, data.bar)
+                    if any_rank(stopper.requested, rank):
+                        return stop_run(checkpointer, state, stopper, session, rank)
+                position["epoch"], position["episode"] = position["epoch"] + 1, 0
+                if position["epoch"] % args.val_interval == 0 or position["epoch"] == args.epochs:
+                    if validate(state, data.splits["val"], val_loader, device, args, metrics, rank):
+                        checkpointer.save_best(state, state.best)
+                checkpointer.save(state)
                 if any_rank(stopper.requested, rank):
-                    path = checkpoint(f"step_{state['step']}.pt")
-                    if rank.is_main:
-                        log.info("stopped at step %d (checkpoint %s); resume with: %s", state["step"], path, command)
-                    return 0
-            bar.close()
-
-            state["epoch"], state["episode"] = epoch + 1, 0
-            improved = False
-            if (epoch + 1) % args.val_interval == 0 or epoch + 1 == args.epochs:
-                improved = validate(model, splits["val"], val_loader, amp, device, args, state, metrics, run_path,
-                                    rank, t_start)
-            checkpoint(f"step_{state['step']}.pt")
-            if improved:
-                checkpoint("best.pt")
-            if any_rank(stopper.requested, rank):
-                if rank.is_main:
-                    log.info("stopped after epoch %d; resume with: %s", epoch + 1, command)
-                return 0
-
-        if rank.is_main:
-            test(model, splits["test"], amp, device, args, state, metrics, run_path, t_start)
-    finally:
-        metrics.close()
+                    return stop_run(checkpointer, state, stopper, session, rank)
+            if rank.is_main:
+                test(state, data.splits["test"], device, args, metrics, session.path)
     return 0
-
-
-def validate(model, split, loader, amp, device, args, state, metrics, run_path: Path, rank: Dist, t_start) -> bool:
-    """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved."""
-    improved = False
-    if rank.is_main:
-        ours, baseline, first = evaluate(model, split, loader, amp, device, args, "val")
-        pck = 100 * ours.pck()
-        improved = pck > state["best_val_pck"]
-        if improved:
-            state["best_val_pck"] = pck
-        metrics.log(state["step"], {"val/PCK@0.2": pck, "val/copy_support_PCK@0.2": 100 * baseline.pck(),
-                                    "val/elapsed_s": time.time() - t_start, "epoch": state["epoch"]})
-        if first is not None:
-            metrics.log_images(state["step"], {"val/poses": pose_grid(*first)})
-        log.info("epoch %d: val PCK@0.2 %.2f (copy-support %.2f, %d queries)%s; %.0fs elapsed", state["epoch"], pck,
-                 100 * baseline.pck(), len(ours.records), " new best" if improved else "", time.time() - t_start)
-    improved, state["best_val_pck"] = main_decides((improved, state["best_val_pck"]), rank)
-    return improved
-
-
-def test(model, split, amp, device, args, state, metrics, run_path: Path, t_start) -> None:
-    """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run."""
-    best = run_path / "best.pt"
-    if best.is_file():
-        model.load_state_dict(safe_load(best, map_location=device)["model"])
-    ours, baseline, _ = evaluate(model, split, eval_loader(split, "test", args, device), amp, device, args, "test")
-    metrics.log(state["step"], {"test/PCK@0.2": 100 * ours.pck(), "test/copy_support_PCK@0.2": 100 * baseline.pck()})
-    ours.write_report(run_path / "pck_report.json")
-    log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f, copy-support baseline %.2f; %.0fs in all",
-             len(ours.records), "best val checkpoint" if best.is_file() else "last weights", 100 * ours.pck(),
-             100 * baseline.pck(), time.time() - t_start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,7 @@ def test_pretrain_logs_wall_time_and_a_resume_continues_it(sudoku_dir, tmp_path)
     evals = [p["eval/elapsed_s"] for p in points if "eval/accuracy" in p]
     trains = [p["train/elapsed_s"] for p in points if "train/lm_loss" in p]
     assert len(evals) == 2 and 0 < evals[0] < evals[1] and trains == sorted(trains) and trains[0] > 0
-    saved = safe_load(run / "step_8.pt")["elapsed_s"]
+    saved = safe_load(run / "step_8.pt")["clock"]["elapsed_s"]
     assert saved >= evals[-1]  # the checkpoint follows the evaluation
 
     assert pretrain.main(trm(sudoku_dir, run, "epochs=4", "eval_interval=1", "resume=auto")) == 0

@@ -20,6 +20,9 @@ from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, colla
 from utils.data.synthetic_cape import build
 from utils.distributed import Dist
 from utils.run.checkpoint import safe_load
+from utils.run import guard as guard_mod
+from utils.run.guard import NonFiniteGuard
+from utils.run.train_state import Clock
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = dict(backbone="resnet18", backbone_stride=16, hidden_dim=32, num_heads=4, ffn_dim=64, similarity_proj_dim=32,
@@ -56,6 +59,11 @@ def args_for(**overrides):
     return trainer.argparse.Namespace(**{**trainer.DEFAULTS, "heatmap_weight": 2.0, "clip_max_norm": 1.0, **overrides})
 
 
+def state_for(model, loss_fn, opt, amp, scaler=None, lr=1e-3):
+    return trainer.CapeTrainState(model, model, loss_fn, opt, scaler, trainer.LRSchedule(lr, 0, 1),
+                                  NonFiniteGuard(10, "advice"), amp, Clock(), 20, Dist())
+
+
 def test_amp_policy(monkeypatch):
     cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
     assert trainer.amp_policy(cpu, use_amp=False) == trainer.AmpPolicy(None, False, "off (--no-use_amp)")
@@ -77,7 +85,7 @@ def test_fp16_step_unscales_before_clipping(monkeypatch, batches):
         torch.manual_seed(0)
         model, loss_fn = build_model("capeformer", **TINY)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        return trainer.train_step(model, loss_fn, opt, scaler, batches[:1], amp, torch.device("cpu"), args_for())
+        return trainer.train_step(state_for(model, loss_fn, opt, amp, scaler), batches[:1], torch.device("cpu"), args_for())
 
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 4)
     calls = []
@@ -85,9 +93,9 @@ def test_fp16_step_unscales_before_clipping(monkeypatch, batches):
     monkeypatch.setattr(scaler, "unscale_", lambda o: (calls.append("unscale"), real_unscale(o))[1])
     real_clip = torch.nn.utils.clip_grad_norm_
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda p, n: (calls.append("clip"), real_clip(p, n))[1])
-    parts, culprits = step(trainer.AmpPolicy(torch.float16, True, "test"), scaler)
-    assert calls == ["unscale", "clip"] and not culprits
-    fp32, _ = step(trainer.AmpPolicy(None, False, "off"), None)
+    parts = step(trainer.AmpPolicy(torch.float16, True, "test"), scaler)
+    assert calls == ["unscale", "clip"] and parts["applied"] == 1.0
+    fp32 = step(trainer.AmpPolicy(None, False, "off"), None)
     assert parts["grad_norm"] == pytest.approx(fp32["grad_norm"], rel=0.1)  # the true norm, not 16x it
 
 
@@ -97,23 +105,26 @@ def test_bf16_and_fp32_steps_update_weights(batches):
         model, loss_fn = build_model("capeformer", **TINY)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         before = model.input_proj.weight.detach().clone()
-        parts, culprits = trainer.train_step(model, loss_fn, opt, None, batches, amp, torch.device("cpu"), args_for())
-        assert not culprits and torch.isfinite(torch.tensor(parts["loss"]))
-        trainer.apply_step(opt, None, trainer.LRSchedule(1e-3, 0, 1), 1)
+        parts = trainer.train_step(state_for(model, loss_fn, opt, amp), batches, torch.device("cpu"), args_for())
+        assert parts["applied"] == 1.0 and torch.isfinite(torch.tensor(parts["loss"]))
         assert not torch.equal(before, model.input_proj.weight)
 
 
-def test_a_nonfinite_loss_is_named_and_the_step_is_not_applied(batches):
+def test_a_nonfinite_loss_is_named_and_the_step_is_undone(batches, caplog):
     model, loss_fn = build_model("capeformer", **TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
 
     def nan_loss(out, batch, heatmap_weight):
         loss, parts = loss_fn(out, batch, heatmap_weight=heatmap_weight)
         return loss * float("nan"), parts
 
-    _, culprits = trainer.train_step(model, nan_loss, opt, None, batches, trainer.AmpPolicy(None, False, ""),
-                                     torch.device("cpu"), args_for())
-    assert culprits[0] == "loss" and any(c.startswith("gradient of ") for c in culprits)
+    state = state_for(model, nan_loss, opt, trainer.AmpPolicy(None, False, ""))
+    parts = trainer.train_step(state, batches, torch.device("cpu"), args_for())
+    assert parts["applied"] == 0.0 and state.guard.total == 1
+    assert "non-finite loss, gradient of " in caplog.text
+    assert all(torch.equal(v, before[k]) for k, v in model.named_parameters())  # the weights as they were
+    assert not opt.state  # and no optimizer state from the undone first step
 
 
 @pytest.mark.slow
@@ -121,12 +132,10 @@ def test_a_short_run_lowers_the_loss(batches):
     torch.manual_seed(0)
     model, loss_fn = build_model("capeformer", **TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-4)
-    schedule, args, amp = trainer.LRSchedule(2e-4, 0, 1), args_for(), trainer.AmpPolicy(None, False, "")
+    state = state_for(model, loss_fn, opt, trainer.AmpPolicy(None, False, ""), lr=2e-4)
     losses = []
-    for step in range(1, 31):
-        parts, culprits = trainer.train_step(model, loss_fn, opt, None, batches[:1], amp, torch.device("cpu"), args)
-        trainer.apply_step(opt, None, schedule, step)
-        losses.append(parts["loss"])
+    for _ in range(30):
+        losses.append(trainer.train_step(state, batches[:1], torch.device("cpu"), args_for())["loss"])
     assert losses[-1] < 0.7 * losses[0], losses
 
 
@@ -157,13 +166,13 @@ def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsy
     out = tmp_path / "run"
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "2",
                           "--episodes_per_epoch", "3", "--no-use_amp"]
-    # A SIGTERM during the first step: the trainer finishes it, checkpoints and exits 0 with a resume line.
+    # A SIGTERM during the first step: the trainer finishes it, checkpoints and exits 143 with a resume line.
     monkeypatch.setattr(trainer.GracefulStop, "__enter__", lambda self: (setattr(self, "signal_name", "SIGTERM"), self)[1])
     caplog.set_level("INFO")
-    assert trainer.main(flags) == 0
+    assert trainer.main(flags) == 128 + signal.SIGTERM
     assert "resume with: python -m models.train_cape_episodic" in caplog.text
     ckpt = safe_load(out / "step_1.pt")
-    assert (ckpt["epoch"], ckpt["episode"], ckpt["step"]) == (0, 1, 1)
+    assert (ckpt["position"], ckpt["step"]) == ({"epoch": 0, "episode": 1}, 1)
     monkeypatch.undo()
 
     caplog.clear()
@@ -176,7 +185,7 @@ def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsy
     assert set(final) == {"step", "test/PCK@0.2", "test/copy_support_PCK@0.2"} and 0 <= final["test/PCK@0.2"] <= 100
     report = json.loads((out / "pck_report.json").read_text())
     assert report["pck"] * 100 == pytest.approx(final["test/PCK@0.2"]) and report["subset"] == "test"
-    assert safe_load(out / "best.pt")["model_config"]["model"] == "capeformer_lite"
+    assert safe_load(out / "best.pt")["architecture"]["model"] == "capeformer_lite"
     assert list((out / "pictures").glob("val_poses_step_*.png")) and any((out / "tensorboard").iterdir())
     assert json.loads((out / "run.json").read_text())["best"] == "best.pt"
 
@@ -192,23 +201,20 @@ def test_a_second_run_in_one_directory_is_refused(data_root, tmp_path, capsys):
 
 
 def test_ten_nonfinite_steps_in_a_row_stop_training(monkeypatch, data_root, tmp_path, capsys):
-    monkeypatch.setattr(trainer, "nonfinite_names", lambda tensors, rank: ["loss"])
+    monkeypatch.setattr(guard_mod, "nonfinite_flags", lambda tensors: torch.ones(len(tensors), dtype=torch.int32))
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "12", "--no-use_amp"]
     assert trainer.main(flags) == 1
-    assert "stopping at step 10: 10 non-finite steps in a row (last: loss)" in capsys.readouterr().err
+    assert "stopping at step 10: 10 non-finite steps in a row (last: loss, " in capsys.readouterr().err
 
 
 def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, data_root, tmp_path):
-    calls, backends = [], []
-    monkeypatch.setattr(torch.backends.cudnn, "deterministic", torch.backends.cudnn.deterministic)  # restored after
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda mode, warn_only=False: calls.append((mode, warn_only)))
-    monkeypatch.setattr(trainer, "configure_backends", lambda device, cudnn_benchmark: backends.append(cudnn_benchmark))
+    calls = []
+    monkeypatch.setattr(trainer, "configure_backends", lambda device, benchmark, **kw: calls.append((benchmark, kw)))
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "1", "--cudnn_deterministic"]
     assert trainer.main(flags) == 0
-    assert calls == [(True, True)] and backends == [False]
+    assert calls == [(False, {"deterministic": True, "warn_only": True})]
 
 
 def spawn(data_root, out, *extra, epochs=2):
@@ -244,9 +250,9 @@ def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(data_root, tmp_path
         time.sleep(0.02)
     stopped.send_signal(signal.SIGINT)
     out, _ = stopped.communicate(timeout=120)
-    assert stopped.returncode == 0 and "resume with:" in out, out
+    assert stopped.returncode == 128 + signal.SIGINT and "resume with:" in out, out
     mid = [p for p in (tmp_path / "stopped").glob("step_*.pt") if p.name not in ("step_4.pt", "step_8.pt")]
-    assert len(mid) == 1 and 4 < safe_load(mid[0])["step"] < 8 and safe_load(mid[0])["episode"] > 0
+    assert len(mid) == 1 and 4 < safe_load(mid[0])["step"] < 8 and safe_load(mid[0])["position"]["episode"] > 0
 
     # kill -9 after the end of epoch 1: the resume replays epoch 2 from the last checkpoint.
     killed = spawn(data_root, tmp_path / "killed")
@@ -330,7 +336,7 @@ def test_eval_only_writes_the_protocols_predictions_and_report(tmp_path):
     torch.manual_seed(0)
     model, _ = build_model("capeformer_lite", hidden_dim=32, num_heads=4, image_size=64)
     checkpoint = tmp_path / "best.pt"
-    torch.save({"model": model.state_dict(), "model_config": trainer.model_record("capeformer_lite", model)}, checkpoint)
+    torch.save({"model": model.state_dict(), "architecture": trainer.model_record("capeformer_lite", model)}, checkpoint)
     predictions = tmp_path / "eval" / "predictions.jsonl"
     code = trainer.main(["--eval_only", "--resume", str(checkpoint), "--data_root", str(tmp_path), "--split", "1",
                          "--eval_set", "test", "--shots", "1", "--test_episodes_per_category", "3",
@@ -351,3 +357,17 @@ def test_eval_only_writes_the_protocols_predictions_and_report(tmp_path):
 def test_eval_only_needs_a_checkpoint(tmp_path, capsys):
     assert trainer.main(["--eval_only", "--device", "cpu"]) == 2
     assert "--eval_only needs --resume CHECKPOINT" in capsys.readouterr().err
+
+
+def test_a_failed_start_claims_nothing_and_an_empty_checkpoint_restarts_the_log(data_root, tmp_path, capsys):
+    out = tmp_path / "run"
+    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "1",
+                          "--episodes_per_epoch", "2", "--no-use_amp", "--val_interval", "1"]
+    assert trainer.main(flags + ["--shots", "50"]) == 2
+    assert "no category has" in capsys.readouterr().err and not out.exists()
+    assert trainer.main(flags) == 0  # the corrected command is not refused
+    assert (out / "best.pt").is_file()
+    (out / "step_2.pt").write_bytes(b"")  # the only step checkpoint, cut off
+    assert trainer.main(flags + ["--resume", "auto"]) == 0  # starts over: best.pt is never a resume source
+    steps = [m["step"] for m in read_metrics(out / "metrics.jsonl") if "train/loss" in m]
+    assert steps == [1, 2]  # the log restarted with the run, no step twice

@@ -1,6 +1,7 @@
 """The shared run lifecycle (utils/run/): a run owns its directory, resume never loses work, storage faults,
 the non-finite guard, the settings layers, the lr schedule and the metrics writer (W&B included)."""
 
+import io
 import json
 import logging
 import math
@@ -92,17 +93,23 @@ def test_second_run_is_refused_and_strays_survive_pruning(sudoku_dir, tmp_path, 
     assert safe_load(run / "step_32.pt")["step"] == 32  # resumed from its own step_16.pt, not the stray
 
 
-def test_resume_auto_skips_an_empty_newest_checkpoint_and_cleans_orphans(sudoku_dir, tmp_path, caplog):
+def test_resume_auto_skips_an_empty_newest_checkpoint_and_cleans_only_recorded_temporary_files(sudoku_dir, tmp_path,
+                                                                                               caplog):
     run = tmp_path / "run"
     assert train(sudoku_dir, f"checkpoint_path={run}", "epochs=4", "eval_interval=2") == 0
     (run / "step_16.pt").write_bytes(b"")  # a write cut short
-    orphan = run / ".step_24.pt.abc123xy.tmp"
+    record = json.loads((run / "run.json").read_text())
+    record["pending"] = {"name": "step_24.pt", "tmp": f".step_24.pt.{record['run_id']}.abc123xy.tmp"}
+    (run / "run.json").write_text(json.dumps(record))  # a kill during the write of step_24.pt
+    orphan = run / record["pending"]["tmp"]
     orphan.write_bytes(b"partial")
+    notes = run / ".mynotes.backup1.tmp"  # a user's file with a temporary-looking name
+    notes.write_text("keep")
     caplog.set_level(logging.INFO)
     assert train(sudoku_dir, f"checkpoint_path={run}", "epochs=8", "eval_interval=2", "resume=auto") == 0
     assert "skipping checkpoint" in caplog.text and "step_16.pt is empty" in caplog.text
     assert "resumed from" in caplog.text and "step_8.pt" in caplog.text
-    assert not orphan.exists()
+    assert not orphan.exists() and notes.read_text() == "keep"
     points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [p["step"] for p in points if "train/lm_loss" in p] == list(range(2, 33, 2))  # no step twice
     assert [p["step"] for p in points if "eval/accuracy" in p] == [8, 16, 24, 32]
@@ -131,33 +138,44 @@ def test_unwritable_or_full_run_directory_fails_before_training(sudoku_dir, tmp_
     assert train(sudoku_dir, f"checkpoint_path={blocker / 'run'}") == 2
     assert "cannot create run directory" in one_error_line(capsys)
 
-    def read_only(self, data):
-        raise PermissionError(30, "Read-only file system")
+    real_open = run_dir_mod.os.open
+
+    def read_only(path, *a, **kw):
+        if str(path).endswith("run.lock"):
+            raise PermissionError(30, "Read-only file system")
+        return real_open(path, *a, **kw)
 
     with monkeypatch.context() as m:
-        m.setattr(Path, "write_bytes", read_only)
+        m.setattr(run_dir_mod.os, "open", read_only)
         assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'ro'}") == 2
     assert "is not writable (Read-only file system)" in one_error_line(capsys)
+    assert not (tmp_path / "ro").exists()  # a failed start leaves nothing behind
 
     usage = type("Usage", (), {"free": 1000, "total": 10**9, "used": 0})
     monkeypatch.setattr(run_dir_mod.shutil, "disk_usage", lambda path: usage)
     assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'full'}") == 2
-    assert "0 MiB free, but 2 checkpoints need about" in one_error_line(capsys)
+    # keep_last_checkpoints=3, but this run writes 2 (one per evaluation) and a stop may add one
+    assert "0 MiB free, but 3 checkpoints need about" in one_error_line(capsys)
+
+
+def full_disk_after(real, good_writes: int, counted=lambda f: True):
+    """``real(obj, file, ...)`` (``torch.save``, ``Image.save``) that, after ``good_writes`` counted writes, writes a
+    few bytes and fails as a full disk does."""
+    calls = {"n": 0}
+
+    def write(obj, f, *a, **kw):
+        calls["n"] += counted(f)
+        if calls["n"] > good_writes:
+            f.write(b"partial")
+            raise OSError(28, "No space left on device")
+        return real(obj, f, *a, **kw)
+    return write
 
 
 @pytest.mark.parametrize("fail_on,resumable", [(1, False), (2, True)])
 def test_a_failed_write_mid_run_keeps_the_last_checkpoint_and_exits_1(sudoku_dir, tmp_path, monkeypatch, capsys,
                                                                     fail_on, resumable):
-    real_save, calls = torch.save, {"n": 0}
-
-    def flaky_save(obj, f, *a, **kw):
-        calls["n"] += 1
-        if calls["n"] == fail_on:
-            f.write(b"partial")
-            raise OSError(28, "No space left on device")
-        return real_save(obj, f, *a, **kw)
-
-    monkeypatch.setattr(checkpoint_mod.torch, "save", flaky_save)
+    monkeypatch.setattr(checkpoint_mod.torch, "save", full_disk_after(torch.save, fail_on - 1))
     run = tmp_path / "run"
     assert train(sudoku_dir, f"checkpoint_path={run}") == 1
     line = one_error_line(capsys)
@@ -186,9 +204,9 @@ def test_a_nonfinite_carry_row_is_reset_and_training_goes_on(sudoku_dir, tmp_pat
     caplog.set_level(logging.INFO)
     run = tmp_path / "run"
     assert train(sudoku_dir, f"checkpoint_path={run}") == 0
-    assert "the ACT carry (z_H/z_L) went non-finite in 2 row(s)" in caplog.text
+    assert "the ACT carry went non-finite in 2 row(s)" in caplog.text
     final = safe_load(run / "step_16.pt")
-    carry = final["ranks"][0]["carry"]
+    carry = final["ranks"][0]["carry"]["inner"]
     assert torch.isfinite(carry["z_H"]).all() and torch.isfinite(carry["z_L"]).all()
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "eval/accuracy" in line]
     assert all(math.isfinite(p["eval/accuracy"]) for p in evals)
@@ -255,3 +273,56 @@ def test_metrics_resume_drops_points_after_the_checkpoint(tmp_path):
     with MetricsWriter(tmp_path, resume_step=4) as out:
         out.log(6, {"x": 6.0})
     assert steps_in(tmp_path / "metrics.jsonl") == [2, 4, 6]
+
+
+def test_a_full_disk_while_updating_run_json_exits_1_with_the_resume_command(sudoku_dir, tmp_path, monkeypatch,
+                                                                             capsys):
+    real_open, calls = open, {"n": 0}
+
+    def flaky_open(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        if str(path).endswith(".tmp") and ".run.json." in str(path):
+            calls["n"] += 1
+            if calls["n"] == 3:  # the record before the second checkpoint (the first one is complete)
+                f.close()
+                raise OSError(28, "No space left on device")
+        return f
+
+    monkeypatch.setattr(run_dir_mod, "open", flaky_open, raising=False)
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}") == 1
+    line = one_error_line(capsys)
+    assert f"could not write {run / 'run.json'} (No space left on device" in line and "bytes" in line
+    assert "resume with: python pretrain.py" in line
+    assert not list(run.glob(".run.json.*"))
+    monkeypatch.undo()
+    assert train(sudoku_dir, f"checkpoint_path={run}", "resume=auto") == 0
+
+
+def test_a_full_disk_while_writing_a_picture_exits_1_and_leaves_no_partial_file(sudoku_dir, tmp_path, monkeypatch,
+                                                                               capsys):
+    from PIL import Image
+
+    # The pictures of the second evaluation fail (four a time; TensorBoard encodes its copy in memory).
+    monkeypatch.setattr(Image.Image, "save", full_disk_after(Image.Image.save, 4, lambda f: not isinstance(f, io.BytesIO)))
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}") == 1
+    line = one_error_line(capsys)
+    assert f"could not write picture {run / 'pictures'}" in line and "No space left on device" in line
+    assert "bytes" in line and "MiB free" in line and "resume with: python pretrain.py" in line
+    assert all(p.stat().st_size > 100 for p in (run / "pictures").iterdir())  # whole pictures only
+    assert safe_load(run / "step_8.pt")["step"] == 8
+
+
+def test_a_failed_start_leaves_no_claim_and_the_corrected_command_runs(sudoku_dir, tmp_path, capsys):
+    hrm = tmp_path / "hrm"
+    assert train(sudoku_dir, f"checkpoint_path={hrm}", "epochs=2", "eval_interval=2") == 0
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}", "arch=trm", f"load_checkpoint={hrm / 'step_8.pt'}") == 2
+    assert "does not fit this architecture" in one_error_line(capsys)
+    assert not run.exists()  # as it found it
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    assert train(sudoku_dir, f"checkpoint_path={run}", "arch=trm", f"load_checkpoint={hrm / 'step_8.pt'}") == 2
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
+    assert train(sudoku_dir, f"checkpoint_path={run}", "arch=trm") == 0  # not refused: nothing was claimed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from typing import Callable, NoReturn
 
@@ -85,6 +86,9 @@ def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
         return code
     except (UserError, RunFailure) as e:
         return report_error(e, rank)
+    except KeyboardInterrupt:  # a second Ctrl-C: abort at once, without a checkpoint
+        print("aborted (second Ctrl-C): no checkpoint was written for the last steps", file=sys.stderr, flush=True)
+        return 128 + int(signal.SIGINT)
     finally:
         if rank.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -1,23 +1,28 @@
-"""A run owns its directory: which run it is, which checkpoints it wrote, and where to resume.
+"""A run owns its directory: which run it is, which files it wrote, who is using it, where to resume.
 
-``<run_dir>/run.json`` records the run's id, the trainer, a fingerprint of its settings and the
-checkpoints it wrote, oldest first. The rules that follow from it:
+``<run_dir>/run.json`` records the run's id, the trainer, a fingerprint of its settings, the checkpoints it
+wrote (oldest first), its best checkpoint, and the write in progress. The rules that follow from it:
 
-- A new run (no ``resume``) starts only in a directory that holds no other run: a missing or
-  empty directory, or one without any file a trainer writes. Otherwise it stops with one line
-  saying how to continue the old run or where to start fresh.
-- Pruning deletes only checkpoints listed in ``run.json``; files the run did not write (a stray
-  ``step_999.pt``, anyone's notes) are never touched, and never chosen for a resume.
-- ``resume`` finds the newest *valid* checkpoint of the run, skipping empty, truncated or corrupt
-  files with a warning that names them.
-- With the default, timestamped run directories, ``resume=auto`` continues the most recently
-  updated run under the same parent folder whose settings fingerprint matches this command's
+- **One process at a time.** ``run.lock`` is held with ``flock`` while a process uses the directory; a
+  second process is refused in one line naming the holder's process id. The kernel drops the lock of a
+  killed process, so a ``kill -9`` never blocks the next start.
+- **A new run** (no ``resume``) starts only in a directory that holds no other run. Opening writes nothing
+  but the lock: ``run.json`` is first written by the first checkpoint, so a refused resume never rewrites
+  another run's record, and a run that fails before its first checkpoint removes what it created
+  (:meth:`RunDirectory.abandon`): the corrected command then runs.
+- **Only recorded files are touched.** Pruning deletes only checkpoints listed in ``run.json``, and the only
+  temporary files ever removed are those whose names the run recorded before creating them
+  (utils/run/checkpointer.py): a stray ``step_999.pt`` or a user's ``.notes.backup1.tmp`` survives.
+- ``resume`` finds the newest *valid* checkpoint of the run, skipping empty, truncated or corrupt files with
+  a warning that names them. With the default, timestamped run directories, ``resume=auto`` continues the
+  most recently updated run under the same parent folder whose settings fingerprint matches this command's
   (see :func:`find_matching_run`); when there is none it starts fresh.
-- Temporary files of a checkpoint write that was killed are removed when the run starts again.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
@@ -25,25 +30,27 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from utils.errors import UserError
-from utils.run.checkpoint import CheckpointError, CheckpointWriteError, remove_orphaned_temp_files, safe_load
+from utils.run.checkpoint import CheckpointError, CheckpointWriteError, safe_load
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "run.json"
-# What a trainer may write into its run directory; a new run refuses a directory holding any of them.
-RUN_FILES = ("run.json", "all_config.yaml", "plan.yaml", "metrics.jsonl", "tensorboard", "best.pt", "last.pt")
+LOCK = "run.lock"
+# What a trainer may write into its run directory; a new run refuses a directory holding any of them, and a
+# run that fails before its first checkpoint removes the ones it created.
+RUN_FILES = ("run.json", "all_config.yaml", "plan.yaml", "metrics.jsonl", "tensorboard", "pictures", "best.pt",
+             "pck_report.json")
+_RUN_OUTPUT = re.compile(r"step_\d+.*|evaluator_.+_step_\d+")
 
 
 class RunDirError(UserError):
-    """The run directory belongs to another run, is not writable, or lacks the room for checkpoints."""
+    """The run directory belongs to another run, is in use, is not writable, or lacks the room for checkpoints."""
 
 
 def settings_fingerprint(settings: dict[str, Any], ignore: tuple[str, ...] = ()) -> str:
@@ -52,14 +59,12 @@ def settings_fingerprint(settings: dict[str, Any], ignore: tuple[str, ...] = ())
     return hashlib.sha1(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+def read_manifest(directory: Path) -> dict | None:
+    """The run record of ``directory``, or None when it has none.
 
-
-def _read_manifest(directory: Path) -> dict | None:
+    Raises:
+        RunDirError: ``run.json`` exists but is unreadable or not a run record.
+    """
     path = directory / MANIFEST
     if not path.is_file():
         return None
@@ -73,31 +78,74 @@ def _read_manifest(directory: Path) -> dict | None:
     return manifest
 
 
-def _foreign_files(directory: Path) -> list[str]:
+def _run_outputs(directory: Path) -> list[str]:
     if not directory.is_dir():
         return []
-    return sorted(p.name for p in directory.iterdir()
-                  if p.name in RUN_FILES or (p.name.startswith("step_") and not p.name.startswith(".")))
+    return sorted(p.name for p in directory.iterdir() if p.name in RUN_FILES or _RUN_OUTPUT.fullmatch(p.name))
 
 
-@dataclass
-class RunDirectory:
-    """This run's directory and its record (see the module docstring for the rules).
+class RunLock:
+    """An exclusive ``flock`` on ``<dir>/run.lock`` holding the owner's process id.
 
-    Only rank 0 creates one; other ranks of a torchrun job never write into the run directory.
+    Raises:
+        RunDirError: another process holds it (named by its id), or the file cannot be created.
     """
 
-    path: Path
-    manifest: dict = field(default_factory=dict)
+    def __init__(self, directory: Path):
+        self.path = directory / LOCK
+        try:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RunDirError(f"run directory {directory} is not writable ({e.strerror or e}); choose another "
+                              "location") from None
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self.fd)
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise RunDirError(f"cannot lock {self.path}: {e.strerror or e}") from None
+            raise RunDirError(f"{directory} is in use by process {holder} ({self.path}); wait for it to finish or "
+                              "stop it, or choose another directory") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self, remove: bool = False) -> None:
+        if self.fd is None:
+            return
+        if remove:
+            self.path.unlink(missing_ok=True)
+        os.close(self.fd)  # closing drops the flock
+        self.fd = None
+
+
+class RunDirectory:
+    """This run's directory, its record and its lock (see the module docstring). Only rank 0 opens one.
+
+    Attributes:
+        path: the directory.
+        manifest: the record as it will next be written (``run.json`` itself is written by the checkpointer).
+        written: whether this process has written ``run.json`` (its first checkpoint).
+        garbage: names this run recorded and left behind (an interrupted write's temporary file, checkpoints
+            pruned but not yet deleted); the checkpointer removes them with its first record.
+    """
+
+    def __init__(self, path: Path, manifest: dict, lock: RunLock, fresh: bool, before: set[str], created: bool):
+        self.path, self.manifest, self._lock = path, manifest, lock
+        self.fresh, self._before, self._created = fresh, before, created
+        self.written = False
+        self.garbage = self._recover()
 
     @property
     def run_id(self) -> str:
         return self.manifest["run_id"]
 
     @classmethod
-    def claim(cls, path: str | os.PathLike, *, trainer: str, fingerprint: str, resuming: bool,
-              resume_hint: str) -> "RunDirectory":
-        """Start a new run in ``path``, or continue the run recorded there when ``resuming``.
+    def open(cls, path: str | os.PathLike, *, trainer: str, fingerprint: str, resuming: bool,
+             resume_hint: str) -> "RunDirectory":
+        """Take the directory for a new run, or for continuing the run recorded there when ``resuming``.
+
+        Writes nothing but ``run.lock`` (and the directory itself when missing).
 
         Args:
             trainer: ``"pretrain"`` or ``"cape"``; a directory of the other trainer is refused.
@@ -106,136 +154,162 @@ class RunDirectory:
             resume_hint: how the user continues a run, e.g. ``"add resume=auto"``, for the refusal message.
 
         Raises:
-            RunDirError: the directory holds another run (or files no run record claims) and
-                ``resuming`` is false; or it is not writable.
+            RunDirError: another trainer's run, another run without ``resuming``, files of a run without a
+                record, a directory in use by another process, or one that cannot be created.
         """
         path = Path(path)
-        manifest = _read_manifest(path)
-        if manifest is not None and manifest.get("trainer", trainer) != trainer:
-            raise RunDirError(f"{path} holds a {manifest.get('trainer')} run, not a {trainer} run; choose another directory")
-        if manifest is None:
-            foreign = _foreign_files(path)
-            if foreign and not resuming:
-                raise RunDirError(f"{path} already holds files of another run ({', '.join(foreign[:4])}); "
-                                  f"{resume_hint} to continue it, or choose a new directory")
-            # Resuming a directory written before run records existed adopts its step checkpoints.
-            adopted = [p.name for p in recorded_checkpoints(path)] if resuming else []
-            manifest = {"run_id": uuid.uuid4().hex[:12], "trainer": trainer, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                        "fingerprint": fingerprint, "checkpoints": adopted, "best": None}
-        elif not resuming:
-            raise RunDirError(f"{path} already holds run {manifest['run_id']} (started {manifest.get('created', '?')}): "
-                              f"{resume_hint} to continue it, or choose a new directory for a fresh run")
-        elif manifest.get("fingerprint") != fingerprint:
-            log.warning("resuming run %s with settings that differ from the ones it started with", manifest["run_id"])
+        if path.exists() and not path.is_dir():
+            raise RunDirError(f"run directory {path} is a file; choose a directory path")
+        checks = dict(trainer=trainer, fingerprint=fingerprint, resuming=resuming, resume_hint=resume_hint)
+        created = not path.exists()
+        if not created:  # refuse without touching anything, then check again under the lock
+            cls._take(path, None, created, **checks)
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise RunDirError(f"cannot create run directory {path}: {e.strerror or e}; choose a writable location") from None
-        removed = remove_orphaned_temp_files(path)
-        if removed:
-            log.info("removed %d temporary file(s) left by an interrupted checkpoint write: %s",
-                     len(removed), ", ".join(p.name for p in removed))
-        manifest["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
-        run = cls(path, manifest)
-        run.save_manifest()
-        return run
+        try:
+            lock = RunLock(path)
+        except RunDirError:
+            if created:
+                _remove_empty(path)
+            raise
+        try:
+            return cls._take(path, lock, created, **checks)
+        except BaseException:
+            lock.release(remove=created or not path.joinpath(MANIFEST).exists())
+            if created:
+                _remove_empty(path)
+            raise
 
-    def save_manifest(self) -> None:
-        """Write ``run.json`` atomically (with the time of this update).
+    @classmethod
+    def _take(cls, path: Path, lock: RunLock | None, created: bool, *, trainer: str, fingerprint: str, resuming: bool,
+              resume_hint: str) -> "RunDirectory":
+        manifest = read_manifest(path)
+        before = {p.name for p in path.iterdir()} - {LOCK}
+        if manifest is not None and manifest.get("trainer", trainer) != trainer:
+            raise RunDirError(f"{path} holds a {manifest.get('trainer')} run, not a {trainer} run; choose another directory")
+        if manifest is None:
+            outputs = _run_outputs(path)
+            if outputs and not resuming:
+                raise RunDirError(f"{path} already holds files of another run ({', '.join(outputs[:4])}); "
+                                  f"{resume_hint} to continue it, or choose a new directory")
+            # Resuming a directory written without a run record adopts its step checkpoints.
+            adopted = [p.name for p in recorded_checkpoints(path)] if resuming else []
+            manifest = {"run_id": uuid.uuid4().hex[:12], "trainer": trainer, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                        "fingerprint": fingerprint, "checkpoints": adopted, "best": None}
+            fresh = not outputs
+        elif not resuming:
+            raise RunDirError(f"{path} already holds run {manifest['run_id']} (started {manifest.get('created', '?')}): "
+                              f"{resume_hint} to continue it, or choose a new directory for a fresh run")
+        else:
+            fresh = False
+        manifest["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        return cls(path, manifest, lock, fresh, before, created)
+
+    def _recover(self) -> list[str]:
+        """Finish, in memory, a checkpoint sequence a crash cut short (utils/run/checkpointer.py): a recorded
+        write whose file was renamed into place is this run's checkpoint; its temporary file, and checkpoints
+        recorded as being deleted, are garbage."""
+        garbage = [f".{MANIFEST}.{self.run_id}.tmp"]
+        pending = self.manifest.pop("pending", None)
+        if pending:
+            garbage.append(pending["tmp"])
+            if (self.path / pending["name"]).is_file():
+                if pending.get("best"):
+                    self.manifest["best"] = pending["name"]
+                elif pending["name"] not in self.manifest["checkpoints"]:
+                    self.manifest["checkpoints"].append(pending["name"])
+        garbage += self.manifest.pop("deleting", [])
+        return garbage
+
+    def write_manifest(self) -> None:
+        """Write ``run.json`` atomically (through ``.run.json.<run id>.tmp``), then remove the recorded garbage.
 
         Raises:
-            RunDirError: the directory is not writable.
+            CheckpointWriteError: the write failed (disk full, read-only); the previous ``run.json`` is intact
+                and no temporary file is left.
         """
         self.manifest["updated"] = time.time()
+        path, tmp = self.path / MANIFEST, self.path / f".{MANIFEST}.{self.run_id}.tmp"
+        data = json.dumps(self.manifest, indent=1).encode()
         try:
-            _write_json(self.path / MANIFEST, self.manifest)
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
         except OSError as e:
-            raise RunDirError(f"cannot write {self.path / MANIFEST}: {e.strerror or e}; "
-                              "choose a writable run directory") from None
+            tmp.unlink(missing_ok=True)
+            raise CheckpointWriteError(f"could not write {path} ({e.strerror or e}; {len(data)} bytes, "
+                                       f"{free_bytes(self.path) / 2**20:.0f} MiB free)") from None
+        self.written = True
+        for name in self.garbage:
+            (self.path / name).unlink(missing_ok=True)
+        self.garbage = []
 
-    def check_storage(self, checkpoint_bytes: int, copies: int = 2) -> None:
-        """Fail early unless the directory is writable and has room for ``copies`` checkpoints.
+    def check_storage(self, checkpoint_bytes: int, copies: int) -> None:
+        """Fail early unless the directory has room for ``copies`` checkpoints (the kept ones plus the one being
+        written, and ``best.pt``).
 
         Raises:
             RunDirError: naming the directory, the free and the needed space.
         """
-        probe = self.path / f".write-test-{os.getpid()}"
-        try:
-            probe.write_bytes(b"x")
-            probe.unlink()
-        except OSError as e:
-            raise RunDirError(f"run directory {self.path} is not writable ({e.strerror or e}); "
-                              "choose another checkpoint location") from None
-        free = shutil.disk_usage(self.path).free
-        need = copies * checkpoint_bytes
+        free, need = free_bytes(self.path), copies * checkpoint_bytes
         if free < need:
             raise RunDirError(f"run directory {self.path} has {free / 2**20:.0f} MiB free, but {copies} checkpoints "
-                              f"need about {need / 2**20:.0f} MiB; free some space or choose another location")
-
-    # --- checkpoints this run wrote ---
+                              f"need about {need / 2**20:.0f} MiB; free some space, lower keep_last_checkpoints, "
+                              "or choose another location")
 
     def checkpoints(self) -> list[Path]:
         """This run's step checkpoints that still exist, oldest first."""
         return [self.path / name for name in self.manifest["checkpoints"] if (self.path / name).is_file()]
 
-    def claim_checkpoint(self, name: str) -> Path:
-        """Record that this run is about to write checkpoint ``name`` and return its path.
-
-        The record comes first: a run killed between the write and the record would otherwise leave a
-        checkpoint it does not know as its own (and would refuse to overwrite it).
-
-        Raises:
-            CheckpointWriteError: a file of that name exists and this run did not write it.
-        """
-        path = self.path / name
-        if path.exists() and name not in self.manifest["checkpoints"]:
-            raise CheckpointWriteError(f"{path} exists and was not written by this run; move it away, then resume")
-        self.manifest["checkpoints"] = [n for n in self.manifest["checkpoints"] if n != name] + [name]
-        self.save_manifest()
-        return path
-
-    def claim_best(self, name: str = "best.pt") -> Path:
-        """Record that this run is about to write its best-so-far checkpoint ``name`` (never pruned, never
-        resumed from) and return its path.
-
-        Raises:
-            CheckpointWriteError: a file of that name exists and this run did not write it.
-        """
-        path = self.path / name
-        if path.exists() and self.manifest.get("best") != name:
-            raise CheckpointWriteError(f"{path} exists and was not written by this run; move it away, then resume")
-        self.manifest["best"] = name
-        self.save_manifest()
-        return path
-
-    def prune(self, keep_last: int) -> list[Path]:
-        """Delete this run's step checkpoints beyond the newest ``keep_last`` (``keep_last <= 0`` keeps all) and
-        return the deleted paths."""
-        names = self.manifest["checkpoints"]
-        doomed = names[:-keep_last] if keep_last > 0 else []
-        self.manifest["checkpoints"] = names[len(doomed):]
-        self.save_manifest()
-        for name in doomed:
-            (self.path / name).unlink(missing_ok=True)
-        return [self.path / n for n in doomed]
-
     def newest_valid(self) -> tuple[Path, Any] | None:
-        """The newest checkpoint of this run that loads, with its contents; None if none does.
-
-        Files that fail to load are skipped with a warning naming them; files of the directory
-        that the run did not write are never considered.
-        """
+        """The newest checkpoint of this run that loads, with its contents; None if none does."""
         return newest_loadable(reversed(self.checkpoints()))
+
+    def abandon(self) -> None:
+        """Undo a fresh run that failed before its first checkpoint: remove the run files it created (and the
+        directory, when it created it and it is left empty), so the corrected command can start there."""
+        if not self.fresh or self.written:
+            return
+        for name in _run_outputs(self.path):
+            if name not in self._before:
+                target = self.path / name
+                shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        self.close(remove_lock=True)
+        if self._created:
+            _remove_empty(self.path)
+
+    def close(self, remove_lock: bool = False) -> None:
+        """Release the lock (and remove ``run.lock`` when the run left nothing else)."""
+        self._lock.release(remove=remove_lock)
+
+
+def _remove_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def free_bytes(path: Path) -> int:
+    """Free bytes on the file system of ``path``."""
+    return shutil.disk_usage(path).free
 
 
 def recorded_checkpoints(directory: str | os.PathLike) -> list[Path]:
     """The step checkpoints of the run in ``directory``, oldest first, without writing anything: those its
-    ``run.json`` lists, or for a directory without one (from before run records existed) its
-    ``step_<N>.pt`` files in step order."""
+    ``run.json`` lists, or for a directory without one its ``step_<N>.pt`` files in step order."""
     directory = Path(directory)
-    manifest = _read_manifest(directory)
+    manifest = read_manifest(directory)
     if manifest is not None:
-        return [directory / n for n in manifest.get("checkpoints", []) if (directory / n).is_file()]
+        names = list(manifest.get("checkpoints", []))
+        pending = manifest.get("pending") or {}
+        if pending and not pending.get("best") and pending["name"] not in names:
+            names.append(pending["name"])
+        return [directory / n for n in names if (directory / n).is_file()]
     steps = [(int(m.group(1)), p) for p in directory.glob("step_*.pt") if (m := re.fullmatch(r"step_(\d+)\.pt", p.name))]
     return [p for _, p in sorted(steps)]
 
@@ -259,36 +333,54 @@ def find_matching_run(parent: Path, trainer: str, fingerprint: str) -> Path | No
     found = []
     for child in parent.iterdir():
         try:
-            manifest = _read_manifest(child) if child.is_dir() else None
+            manifest = read_manifest(child) if child.is_dir() else None
         except RunDirError:
             continue
         if manifest and manifest.get("trainer") == trainer and manifest.get("fingerprint") == fingerprint \
-                and any((child / n).is_file() for n in manifest.get("checkpoints", [])):
+                and recorded_checkpoints(child):
             found.append((manifest.get("updated", 0), child))
     return max(found)[1] if found else None
 
 
+def run_location(*, explicit: str | None, resume: str | None, parent: Path, trainer: str, fingerprint: str,
+                 new_name: str) -> Path:
+    """Where a run lives, in order: ``explicit`` (``checkpoint_path`` / ``--output_dir``); the directory of
+    ``resume=<file or dir>``; with ``resume=auto``, the newest run under ``parent`` started with the same
+    settings (:func:`find_matching_run`); else ``parent / new_name``."""
+    if explicit:
+        return Path(explicit)
+    if resume and resume != "auto":
+        return Path(resume) if Path(resume).is_dir() else Path(resume).parent
+    found = find_matching_run(parent, trainer, fingerprint) if resume == "auto" else None
+    return found or parent / new_name
+
+
 def open_run(path: Path, *, trainer: str, fingerprint: str, resume: str | None,
              resume_hint: str) -> tuple[RunDirectory, Path | None]:
-    """Claim the run directory ``path`` and find the checkpoint to resume from (None: start fresh).
+    """Open the run directory ``path`` and find the checkpoint to resume from (None: start fresh).
 
     ``resume`` is None (a new run), ``"auto"`` (this run's newest valid checkpoint, or a fresh start when there
     is none), a run directory (its newest valid checkpoint) or a checkpoint file.
 
     Raises:
         CheckpointError: ``resume`` names something missing, or a directory without a valid checkpoint.
-        RunDirError: see :meth:`RunDirectory.claim`.
+        RunDirError: see :meth:`RunDirectory.open`.
     """
     explicit = Path(resume) if resume and resume != "auto" else None
     if explicit is not None and not explicit.exists():
         raise CheckpointError(f"resume {resume}: no such file or directory")
-    run = RunDirectory.claim(path, trainer=trainer, fingerprint=fingerprint, resuming=bool(resume),
-                             resume_hint=resume_hint)
-    if explicit is not None and explicit.is_file():
-        return run, explicit
-    candidates = run.checkpoints() if explicit is None or explicit.resolve() == run.path.resolve() \
-        else recorded_checkpoints(explicit)
-    found = newest_loadable(reversed(candidates))
-    if found is None and explicit is not None:
-        raise CheckpointError(f"resume {resume}: no valid step_<N>.pt checkpoint in {explicit}")
-    return run, None if found is None else found[0]
+    run = RunDirectory.open(path, trainer=trainer, fingerprint=fingerprint, resuming=bool(resume),
+                            resume_hint=resume_hint)
+    try:
+        if explicit is not None and explicit.is_file():
+            return run, explicit
+        candidates = run.checkpoints() if explicit is None or explicit.resolve() == run.path.resolve() \
+            else recorded_checkpoints(explicit)
+        found = newest_loadable(reversed(candidates))
+        if found is None and explicit is not None:
+            raise CheckpointError(f"resume {resume}: no valid step_<N>.pt checkpoint in {explicit}")
+        return run, None if found is None else found[0]
+    except BaseException:
+        run.abandon()
+        run.close()
+        raise
