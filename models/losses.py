@@ -93,34 +93,9 @@ class ACTLossHead(nn.Module):
     def forward(self, carry, batch: dict[str, torch.Tensor]):
         """Returns ``(new_carry, loss, metrics, outputs, all_halted)``; ``outputs`` holds detached logits."""
         new_carry, outputs = self.model(carry=carry, batch=batch)
-        labels = new_carry.current_data["labels"]
-        inputs = new_carry.current_data["inputs"]
-        logits = outputs["logits"]
-
-        with torch.no_grad():
-            mask = labels != IGNORE_LABEL_ID
-            counts = mask.sum(-1)
-            divisor = counts.clamp_min(1)
-            is_correct = mask & (logits.argmax(-1) == labels)
-            seq_correct = is_correct.sum(-1) == counts
-            blank = mask & (inputs != labels)
-            blank_counts = blank.sum(-1)
-
-            valid = new_carry.halted & (counts > 0)
-            metrics = {
-                "count": valid.sum(),
-                "accuracy": torch.where(valid, is_correct.sum(-1) / divisor, 0).sum(),
-                "exact_accuracy": (valid & seq_correct).sum(),
-                "blank_accuracy": torch.where(valid, (is_correct & blank).sum(-1) / blank_counts.clamp_min(1), 0).sum(),
-                "q_halt_accuracy": (valid & ((outputs["q_halt_logits"] >= 0) == seq_correct)).sum(),
-                "steps": torch.where(valid, new_carry.steps, 0).sum(),
-            }
-
-        lm_loss = (self.loss_fn(logits, labels, ignore_index=IGNORE_LABEL_ID) / divisor.unsqueeze(-1)).sum()
-        q_halt_loss = F.binary_cross_entropy_with_logits(
-            outputs["q_halt_logits"], seq_correct.to(outputs["q_halt_logits"].dtype), reduction="sum")
-        metrics["lm_loss"] = lm_loss.detach()
-        metrics["q_halt_loss"] = q_halt_loss.detach()
+        logits, q_halt = outputs["logits"], outputs["q_halt_logits"]
+        metrics, lm_loss, q_halt_loss = puzzle_metrics(logits, q_halt, new_carry.current_data, new_carry.steps,
+                                                       new_carry.halted, self.loss_fn)
         q_continue_loss = 0
         if "target_q_continue" in outputs:
             q_continue_loss = F.binary_cross_entropy_with_logits(
@@ -128,5 +103,40 @@ class ACTLossHead(nn.Module):
             metrics["q_continue_loss"] = q_continue_loss.detach()
 
         loss = lm_loss + 0.5 * (q_halt_loss + q_continue_loss)
-        detached = {"logits": logits.detach(), "q_halt_logits": outputs["q_halt_logits"].detach()}
+        detached = {"logits": logits.detach(), "q_halt_logits": q_halt.detach()}
         return new_carry, loss, metrics, detached, new_carry.halted.all()
+
+
+def puzzle_metrics(logits: torch.Tensor, q_halt_logits: torch.Tensor, data: dict[str, torch.Tensor],
+                   steps: torch.Tensor, halted: torch.Tensor, loss_fn: Callable = stablemax_cross_entropy
+                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The metric sums of :class:`ACTLossHead` (see its docstring) and the two losses, for answers ``logits``
+    [B, S, V] with halting logits ``q_halt_logits`` [B] to ``data`` (``inputs``, ``labels`` [B, S]) after ``steps``
+    [B] segments; only rows with ``halted`` [B] and a supervised position count in the metrics.
+
+    Returns:
+        ``(metrics, lm_loss, q_halt_loss)``: 0-dim tensors; the metrics detached, the losses summed over rows.
+    """
+    labels, inputs = data["labels"], data["inputs"]
+    with torch.no_grad():
+        mask = labels != IGNORE_LABEL_ID
+        counts = mask.sum(-1)
+        divisor = counts.clamp_min(1)
+        is_correct = mask & (logits.argmax(-1) == labels)
+        seq_correct = is_correct.sum(-1) == counts
+        blank = mask & (inputs != labels)
+        blank_counts = blank.sum(-1)
+        valid = halted & (counts > 0)
+        metrics = {
+            "count": valid.sum(),
+            "accuracy": torch.where(valid, is_correct.sum(-1) / divisor, 0).sum(),
+            "exact_accuracy": (valid & seq_correct).sum(),
+            "blank_accuracy": torch.where(valid, (is_correct & blank).sum(-1) / blank_counts.clamp_min(1), 0).sum(),
+            "q_halt_accuracy": (valid & ((q_halt_logits >= 0) == seq_correct)).sum(),
+            "steps": torch.where(valid, steps, 0).sum(),
+        }
+    lm_loss = (loss_fn(logits, labels, ignore_index=IGNORE_LABEL_ID) / divisor.unsqueeze(-1)).sum()
+    q_halt_loss = F.binary_cross_entropy_with_logits(q_halt_logits, seq_correct.to(q_halt_logits.dtype), reduction="sum")
+    metrics["lm_loss"] = lm_loss.detach()
+    metrics["q_halt_loss"] = q_halt_loss.detach()
+    return metrics, lm_loss, q_halt_loss

@@ -12,6 +12,12 @@ batch are kept (their puzzle identifier is the blank id, 0). Typical contents:
     preds               int64   [N, seq_len]   argmax tokens
     q_halt_logits       float32 [N]
 
+and, when the evaluation keeps every ACT segment's answer (utils/eval/reasoning.py, ``keep_segments``):
+
+    segments            int32   [N]            segments the kept answer used
+    segment_preds       int64   [N, T, seq_len] the answer after each segment
+    segment_q_halt      float32 [N, T]         q_halt after each segment
+
 The files hold tensors only, so they load with ``torch.load(weights_only=True)``; this module
 refuses anything that needs more.
 """
@@ -28,7 +34,8 @@ import torch
 from utils.errors import UserError
 from utils.outputs import write_atomically
 
-SAVE_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits")
+SAVE_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits", "segments", "segment_preds",
+             "segment_q_halt")
 FILE_PATTERN = re.compile(r"step_(\d+)_all_preds\.(\d+)")
 
 

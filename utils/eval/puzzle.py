@@ -1,7 +1,8 @@
 """Evaluation of a recursive reasoning model (HRM or TRM) on a puzzle test split.
 
 Every test batch runs for exactly ``halt_max_steps`` ACT segments, as in the reference
-(``sapientinc/HRM`` pretrain.py ``evaluate``); metrics are summed over real (non-padding) examples
+(``sapientinc/HRM`` pretrain.py ``evaluate``), or as a test-time compute policy says (utils/eval/reasoning.py);
+metrics are summed over real (non-padding) examples
 on every rank, reduced onto rank 0 and divided by their count. Consumers (the ARC evaluator, the
 saved-outputs collector, the pictures) see every finished batch through the reference's seam,
 ``update_batch(batch, preds)``, so the loop knows nothing about what they do.
@@ -15,8 +16,10 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from models.losses import puzzle_metrics
 from utils.data.puzzle_dataset import PuzzleDataset
 from utils.distributed import Dist
+from utils.eval.reasoning import TestTimeCompute, reason
 
 
 def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[str, float]]:
@@ -34,9 +37,10 @@ def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[s
 
 @torch.no_grad()
 def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDataset, device: torch.device, rank: Dist,
-                     max_examples: Optional[int] = None, progress: bool = True,
-                     consumers: Sequence = ()) -> dict[str, float]:
-    """Run every test batch to ``halt_max_steps`` segments; return metrics averaged per example (rank 0).
+                     max_examples: Optional[int] = None, progress: bool = True, consumers: Sequence = (),
+                     ttc: TestTimeCompute = TestTimeCompute()) -> dict[str, float]:
+    """Answer every test batch under ``ttc`` (by default exactly ``halt_max_steps`` segments, as the reference);
+    return metrics averaged per example (rank 0).
 
     Args:
         forward: the (possibly compiled) loss head to call; ``head`` is the module it wraps.
@@ -44,12 +48,14 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
         consumers: objects with ``update_batch(batch, preds)``, called with this rank's CPU tensors of each
             finished batch (padding rows included): ``batch`` holds ``inputs``, ``labels``,
             ``puzzle_identifiers``; ``preds`` holds ``preds`` (argmax tokens, int64 [B, S]) and
-            ``q_halt_logits`` (fp32 [B]).
+            ``q_halt_logits`` (fp32 [B]), and with ``ttc.keep_segments`` ``segment_preds`` [B, T, S] and
+            ``segment_q_halt`` [B, T].
+        ttc: the test-time compute policy (utils/eval/reasoning.py).
 
     Returns:
         ``{metric: value}`` with ``accuracy``, ``exact_accuracy``, ``blank_accuracy``, ``q_halt_accuracy``,
-        ``steps`` and the losses, each divided by the number of real examples, and ``count``, that
-        number; an empty dict on ranks other than 0.
+        ``steps`` (mean segments used) and the losses, each divided by the number of real examples, and
+        ``count``, that number; an empty dict on ranks other than 0.
     """
     head.eval()
     sums: dict[str, torch.Tensor] = {}
@@ -57,13 +63,11 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
     bar = tqdm(desc="eval", unit="ex", disable=not (progress and rank.is_main), leave=False)
     for _set_name, batch, effective in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
-        carry = head.initial_carry(batch)
-        while True:
-            carry, _, metrics, outputs, all_halted = forward(carry, batch)
-            if all_halted:
-                break
+        answer = reason(forward, head, batch, ttc)
+        metrics, _, _ = puzzle_metrics(answer["logits"], answer["q_halt_logits"], batch, answer["segments"],
+                                       torch.ones_like(answer["segments"], dtype=torch.bool), head.loss_fn)
         if consumers:
-            preds = {"preds": outputs["logits"].argmax(-1).cpu(), "q_halt_logits": outputs["q_halt_logits"].float().cpu()}
+            preds = {k: v.cpu() for k, v in answer.items() if k != "logits"}
             cpu_batch = {k: v.cpu() for k, v in batch.items()}
             for consumer in consumers:
                 consumer.update_batch(cpu_batch, preds)

@@ -1,0 +1,94 @@
+"""Test-time compute (utils/eval/reasoning.py): the default is the references' evaluation bitwise; more segments,
+early exit on the Q head, and seeded rollouts ranked by q_halt."""
+
+import pytest
+import torch
+
+from models import build_model, validate_arch
+from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, reason
+
+SEQ, VOCAB, BATCH = 16, 6, 5
+
+
+@pytest.fixture(scope="module", params=["hrm_v1", "trm"])
+def head(request):
+    torch.manual_seed(0)
+    extra = {"puzzle_emb_len": 0} if request.param == "trm" else {}
+    arch = validate_arch({"name": request.param, **extra, "hidden_size": 32, "num_heads": 2, "H_layers": 1, "L_layers": 1,
+                          "H_cycles": 2, "L_cycles": 2, "expansion": 2, "halt_max_steps": 4, "puzzle_emb_ndim": 0,
+                          "halt_exploration_prob": 0.1, "pos_encodings": "rope"})
+    head = build_model(arch, batch_size=BATCH, seq_len=SEQ, vocab_size=VOCAB, num_puzzle_identifiers=1,
+                       dtype=torch.float32, device="cpu")
+    with torch.no_grad():  # an untrained Q head is constant (weight 0, bias -5): give it an opinion
+        head.model.inner.q_head.weight.normal_(0, 0.5)
+        head.model.inner.q_head.bias.zero_()
+    return head.eval()
+
+
+@pytest.fixture(scope="module")
+def batch():
+    g = torch.Generator().manual_seed(1)
+    inputs = torch.randint(1, VOCAB, (BATCH, SEQ), generator=g)
+    return {"inputs": inputs, "labels": torch.randint(1, VOCAB, (BATCH, SEQ), generator=g),
+            "puzzle_identifiers": torch.zeros(BATCH, dtype=torch.int32)}
+
+
+def references_evaluation(head, batch):
+    """The references' loop: call the ACT loss head from the initial carry until every row halted."""
+    with torch.no_grad():
+        carry = head.initial_carry(batch)
+        while True:
+            carry, _, _, outputs, all_halted = head(carry, batch)
+            if all_halted:
+                return outputs, carry.steps
+
+
+def test_the_default_is_the_references_evaluation_bitwise(head, batch):
+    outputs, steps = references_evaluation(head, batch)
+    answer = reason(head, head, batch, TestTimeCompute())
+    assert torch.equal(answer["logits"], outputs["logits"]) and torch.equal(answer["q_halt_logits"], outputs["q_halt_logits"])
+    assert (answer["segments"] == steps).all() and (answer["segments"] == 4).all()
+
+
+def test_more_segments_than_training_and_every_segment_kept(head, batch):
+    answer = reason(head, head, batch, TestTimeCompute(segments=7, keep_segments=True))
+    assert (answer["segments"] == 7).all()
+    assert answer["segment_preds"].shape == (BATCH, 7, SEQ) and answer["segment_q_halt"].shape == (BATCH, 7)
+    assert torch.equal(answer["segment_preds"][:, -1], answer["preds"])
+    four = reason(head, head, batch, TestTimeCompute(segments=4))
+    assert torch.equal(answer["segment_preds"][:, 3], four["preds"])  # the first four segments are the default's
+
+
+def test_early_exit_stops_a_row_where_the_q_head_says_halt(head, batch):
+    with torch.no_grad():
+        bias = head.model.inner.q_head.bias
+        saved = bias.clone()
+        bias[0] = 100.0  # every row is confident at once
+    try:
+        answer = reason(head, head, batch, TestTimeCompute(segments=8, early_exit=True, min_segments=2,
+                                                           keep_segments=True))
+        assert (answer["segments"] == 2).all()
+        assert torch.equal(answer["segment_preds"][:, 1], answer["segment_preds"][:, -1])  # held after stopping
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+
+
+def test_rollouts_keep_the_most_confident_answer_and_are_seeded(head, batch):
+    one = reason(head, head, batch, TestTimeCompute())
+    many = reason(head, head, batch, TestTimeCompute(rollouts=4, noise=1.0, seed=3))
+    assert (many["q_halt_logits"] >= one["q_halt_logits"]).all()  # rollout 0 is the plain answer, so never worse
+    again = reason(head, head, batch, TestTimeCompute(rollouts=4, noise=1.0, seed=3))
+    assert torch.equal(many["logits"], again["logits"])
+    other = reason(head, head, batch, TestTimeCompute(rollouts=2, noise=1.0, seed=4))
+    assert not torch.equal(other["q_halt_logits"], reason(head, head, batch, TestTimeCompute(rollouts=2, noise=1.0,
+                                                                                             seed=5))["q_halt_logits"])
+
+
+@pytest.mark.parametrize("settings,fragment", [
+    (dict(segments=0), "segments=0"), (dict(rollouts=0), "rollouts=0"), (dict(rollouts=3), "noise=0.0"),
+    (dict(noise=float("nan")), "noise=nan"), (dict(segments=2, min_segments=3), "min_segments=3"),
+])
+def test_bad_settings_are_named(settings, fragment):
+    with pytest.raises(TestTimeComputeError, match=fragment):
+        TestTimeCompute(**settings).check()

@@ -1,0 +1,175 @@
+"""Test-time compute for HRM and TRM: how many ACT segments a puzzle gets, when a row stops, and stochastic rollouts.
+
+The references evaluate every puzzle for exactly ``halt_max_steps`` segments and ignore the Q head's halting
+signal (``sapientinc/HRM`` ``evaluate``; HRM issue 7, TRM issue 64 ask why). :func:`reason` runs one batch with a
+:class:`TestTimeCompute` policy:
+
+- ``segments``: how many segments at most (more than training used is allowed: the carry simply goes on);
+- ``early_exit``: a row stops at the first segment, from ``min_segments`` on, where its Q head says halt
+  (``q_halt > 0``, the halting rule TRM trains), and keeps that answer;
+- ``rollouts`` K: the batch is answered K times, rollout 0 from the model's initial state and rollouts 1..K-1 from
+  it plus Gaussian noise of std ``noise`` (seeded by ``seed`` and the rollout), and each row keeps the rollout
+  whose final ``q_halt`` is highest: the test-time exploration of arXiv 2605.19943 / 2605.25230, ranked by the
+  model's own confidence, never by the labels.
+
+With the defaults (``halt_max_steps`` segments, no early exit, one rollout) the answer is bitwise the
+reference's evaluation. The loop drives the (possibly compiled) ACT loss head one segment per call and keeps
+every row reasoning by clearing ``halted`` after each call, so no second compiled graph is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from models.act import Carry
+from utils.errors import UserError
+
+
+class TestTimeComputeError(UserError):
+    """A test-time compute setting is out of range."""
+
+    __test__ = False  # not a pytest class despite its name
+
+
+@dataclass(frozen=True)
+class TestTimeCompute:
+    """How many segments, when to stop, how many rollouts (see the module docstring).
+
+    Attributes:
+        segments: segments at most per rollout; None: the model's ``halt_max_steps``.
+        early_exit: stop a row when ``q_halt > 0`` (from ``min_segments`` on).
+        min_segments: the fewest segments a row runs with ``early_exit``.
+        rollouts: K, answers per puzzle ranked by the final ``q_halt``.
+        noise: std of the Gaussian noise on the initial latent state of rollouts 1..K-1.
+        seed: seeds the noise (rollout k uses ``seed + k``).
+        keep_segments: also return every segment's answer and ``q_halt`` (of the kept rollout).
+    """
+
+    __test__ = False  # not a pytest class despite its name
+
+    segments: Optional[int] = None
+    early_exit: bool = False
+    min_segments: int = 1
+    rollouts: int = 1
+    noise: float = 0.0
+    seed: int = 0
+    keep_segments: bool = False
+
+    def check(self) -> "TestTimeCompute":
+        """Raises:
+            TestTimeComputeError: naming the setting and its range."""
+        if self.segments is not None and not 1 <= self.segments <= 10_000:
+            raise TestTimeComputeError(f"segments={self.segments} is out of range: 1..10000")
+        if not 1 <= self.min_segments <= (self.segments or 10_000):
+            raise TestTimeComputeError(f"min_segments={self.min_segments} is out of range: 1..segments")
+        if not 1 <= self.rollouts <= 1024:
+            raise TestTimeComputeError(f"rollouts={self.rollouts} is out of range: 1..1024")
+        if not (0 <= self.noise <= 100) or (self.rollouts > 1 and self.noise == 0):
+            raise TestTimeComputeError(f"noise={self.noise} is out of range: a finite std in (0, 100] when rollouts > 1 "
+                                       "(identical rollouts would add nothing), 0..100 otherwise")
+        return self
+
+    @property
+    def plain(self) -> bool:
+        """Whether this is the references' evaluation (all ``halt_max_steps`` segments, one rollout)."""
+        return self.segments is None and not self.early_exit and self.rollouts == 1
+
+
+def initial_carry(head, batch: dict[str, torch.Tensor], noise: float, seed: int) -> Carry:
+    """The carry every row starts from (``H_init``/``L_init``, the batch's data), with seeded Gaussian noise of std
+    ``noise`` added to the latent state (drawn on the CPU, so a seed gives the same noise on every device)."""
+    carry = head.initial_carry(batch)
+    model = head.model
+    inner = model.inner.reset_carry(carry.halted, carry.inner_carry)
+    if noise:
+        generator = torch.Generator().manual_seed(seed)
+        inner = dataclasses.replace(inner, **{
+            name: z + (noise * torch.randn(z.shape, generator=generator)).to(z.device, z.dtype)
+            for name, z in dataclasses.asdict(inner).items()})
+    return Carry(inner, torch.zeros_like(carry.steps), torch.zeros_like(carry.halted), dict(batch))
+
+
+@torch.no_grad()
+def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute) -> dict[str, torch.Tensor]:
+    """Answer one batch under ``ttc``.
+
+    Args:
+        forward: the (possibly compiled) ACT loss head to call; ``head`` is the module it wraps (in eval mode).
+        batch: ``inputs``, ``labels``, ``puzzle_identifiers`` on the model's device.
+
+    Returns:
+        ``logits`` [B, S, V], ``preds`` [B, S] int64, ``q_halt_logits`` [B] fp32 and ``segments`` [B] int32 of the
+        kept answer; with ``keep_segments``, ``segment_preds`` [B, T, S] and ``segment_q_halt`` [B, T] of the kept
+        rollout (segments after a row stopped repeat its answer).
+    """
+    total = ttc.segments or head.model.config.halt_max_steps
+    best = None
+    for k in range(ttc.rollouts):
+        run = _rollout(forward, head, batch, ttc, total, noise=ttc.noise if k else 0.0, seed=ttc.seed + k)
+        if best is None:
+            best = run
+        else:
+            better = run["q_halt_logits"] > best["q_halt_logits"]
+            best = {key: torch.where(better.view(-1, *[1] * (v.ndim - 1)), v, best[key]) for key, v in run.items()}
+    return best
+
+
+def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute, total: int,
+             noise: float, seed: int) -> dict[str, torch.Tensor]:
+    carry = initial_carry(head, batch, noise, seed)
+    stopped = torch.zeros_like(carry.halted)
+    kept: dict[str, torch.Tensor] = {}
+    frames, confidences = [], []
+    for t in range(1, total + 1):
+        carry, _, _, outputs, _ = forward(carry, batch)
+        carry.halted = torch.zeros_like(carry.halted)  # keep reasoning past the ACT wrapper's own halting
+        fresh = {"logits": outputs["logits"], "q_halt_logits": outputs["q_halt_logits"].float(),
+                 "segments": torch.full_like(carry.steps, t)}
+        kept = fresh if not kept else {k: torch.where(stopped.view(-1, *[1] * (v.ndim - 1)), kept[k], v)
+                                       for k, v in fresh.items()}
+        if ttc.keep_segments:
+            frames.append(kept["logits"].argmax(-1))
+            confidences.append(kept["q_halt_logits"])
+        if ttc.early_exit and t >= ttc.min_segments:
+            stopped = stopped | (kept["q_halt_logits"] > 0)
+            if bool(stopped.all()):
+                break
+    kept["preds"] = kept["logits"].argmax(-1)
+    if ttc.keep_segments:
+        frames += frames[-1:] * (total - len(frames))  # rows that all stopped early hold their answer
+        confidences += confidences[-1:] * (total - len(confidences))
+        kept["segment_preds"], kept["segment_q_halt"] = torch.stack(frames, 1), torch.stack(confidences, 1)
+    return kept
+
+
+def add_test_time_arguments(parser) -> None:
+    """The test-time compute flags of ``evaluate.py`` and ``solve.py`` (one definition for both)."""
+    g = parser.add_argument_group("test-time compute (default: the model's halt_max_steps segments, as the "
+                                  "references evaluate)")
+    g.add_argument("--segments", type=int, default=None, metavar="T",
+                   help="ACT segments at most per puzzle (more than training used is allowed)")
+    g.add_argument("--early-exit", action="store_true",
+                   help="a puzzle stops at the first segment where the Q head says halt (q_halt > 0)")
+    g.add_argument("--min-segments", type=int, default=1, metavar="M",
+                   help="with --early-exit, the fewest segments a puzzle runs (default: 1)")
+    g.add_argument("--rollouts", type=int, default=1, metavar="K",
+                   help="answer each puzzle K times (the first from the model's initial state, the others from it "
+                        "plus noise) and keep the answer with the highest q_halt (default: 1)")
+    g.add_argument("--noise", type=float, default=None,
+                   help="std of the noise on the initial latent state of rollouts 2..K (default: 1.0 with K > 1)")
+    g.add_argument("--rollout-seed", type=int, default=0, help="seed of the rollouts' noise (default: 0)")
+
+
+def test_time_compute(args, keep_segments: bool = False) -> TestTimeCompute:
+    """The :class:`TestTimeCompute` the flags of :func:`add_test_time_arguments` ask for.
+
+    Raises:
+        TestTimeComputeError: a value out of range.
+    """
+    noise = args.noise if args.noise is not None else (1.0 if args.rollouts > 1 else 0.0)
+    return TestTimeCompute(args.segments, args.early_exit, args.min_segments, args.rollouts, noise, args.rollout_seed,
+                           keep_segments).check()
