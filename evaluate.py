@@ -1,14 +1,15 @@
 """Evaluate an HRM/TRM checkpoint on a dataset's test split, or score saved test outputs, and print the metrics.
 
-    python evaluate.py --checkpoint checkpoints/sudoku-cpu/run/step_1200.pt
+    python evaluate.py checkpoints/sudoku-cpu/run                      # the run's best checkpoint
+    python evaluate.py --checkpoint checkpoints/sudoku-cpu/run/step_1200.pt --segments 32 --early-exit
+    python evaluate.py --checkpoint hf://sapientinc/HRM-checkpoint-sudoku-extreme --data-path data/sudoku-extreme-full
     python evaluate.py --checkpoint HRM-checkpoint-sudoku-extreme/checkpoint --data-path data/sudoku-extreme-full
     python evaluate.py --checkpoint checkpoints/arc/run/step_500.pt --save-outputs --submission submission.json
     python evaluate.py --outputs run/step_500_all_preds.0 run/step_500_all_preds.1 --data-path data/arc1-aug-1000 \
         --submission submission.json --report pass_at_k.json
 
-Accepts our checkpoints (``step_<N>.pt``, which carry their settings) and the reference
-repositories' released ones (a raw state dict named ``checkpoint`` or ``step_<N>`` next to
-``all_config.yaml``). On ARC data the published scoring runs too (voting pass@K, utils/eval/arc.py);
+Accepts our checkpoints and the reference repositories' released ones (utils/eval/load.py), and spends
+as much test-time compute as asked (utils/eval/reasoning.py: segments, early exit, rollouts). On ARC data the published scoring runs too (voting pass@K, utils/eval/arc.py);
 ``--outputs`` scores the reference's saved outputs files without a model.
 """
 
@@ -21,52 +22,29 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
-
-from models import build_model, validate_arch
-from models.checkpoints import load_model_weights
-from utils.config import ConfigError, PretrainConfig, build_config, to_dict
-from utils.data.puzzle_dataset import PuzzleDataset, load_metadata
+from utils.config import ConfigError
+from utils.data.puzzle_dataset import PuzzleDataset
 from utils.device import select_device, select_dtype
 from utils.distributed import Dist
 from utils.eval.arc import ARC, score_outputs, write_results
 from utils.eval.outputs import OutputsCollector
+from utils.eval.load import load_trained
 from utils.eval.puzzle import evaluate_puzzles
+from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.outputs import check_writable_dir, check_writable_file
-from utils.run.checkpoint import safe_load
 from utils.run.main import ArgumentParser, cli_main
 
 log = logging.getLogger("evaluate")
 
 
-def checkpoint_settings(path: Path, payload: dict) -> PretrainConfig:
-    """The training settings stored in our checkpoint, or the reference's ``all_config.yaml`` beside it.
-
-    Raises:
-        ConfigError: neither exists, or they do not validate.
-    """
-    if isinstance(payload.get("config"), dict):
-        raw = payload["config"]
-    else:
-        yaml_path = path.parent / "all_config.yaml"
-        if not yaml_path.is_file():
-            raise ConfigError(f"{path} carries no settings and there is no {yaml_path}; put the run's all_config.yaml next to it")
-        try:
-            raw = OmegaConf.to_container(OmegaConf.load(yaml_path), resolve=True)
-        except Exception as e:  # a YAML parser error: name the file, not the parser's internals
-            raise ConfigError(f"could not read {yaml_path}: {str(e).splitlines()[0]}") from None
-    known = set(to_dict(PretrainConfig()))
-    dropped = sorted(set(raw) - known)
-    if dropped:
-        log.info("ignoring settings this trainer does not use: %s", ", ".join(dropped))
-    return build_config({k: v for k, v in raw.items() if k in known})
-
-
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = ArgumentParser(description="Evaluate an HRM/TRM checkpoint (ours or the reference's) on a test split, or "
                                         "score saved test outputs (ARC: voting pass@K and submission.json).")
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="step_<N>.pt from pretrain.py, or a reference checkpoint file")
+    parser.add_argument("run", nargs="?", metavar="RUN_DIR", help="a run directory: evaluate its best checkpoint "
+                                                                  "(best.pt), or its newest one when it has none")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--checkpoint", help="step_<N>.pt or best.pt from pretrain.py, a run directory, a reference "
+                                             "checkpoint file, or hf://owner/repo[/file] on the Hugging Face Hub")
     source.add_argument("--outputs", nargs="+", metavar="FILE",
                         help="saved outputs (step_<N>_all_preds.<rank>, one file per rank) to score without a model")
     parser.add_argument("--data-path", help="dataset directory (default: the one the checkpoint was trained on; "
@@ -81,7 +59,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--submission", metavar="PATH", help="ARC: write the ARC Prize submission.json here")
     parser.add_argument("--report", metavar="PATH", help="ARC: write {\"pass@1\": ..., \"pass@2\": ...} here as JSON")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
-    return parser.parse_args(argv)
+    add_test_time_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.run and (args.checkpoint or args.outputs):
+        parser.error("give a run directory, --checkpoint or --outputs, not several")
+    args.checkpoint = args.checkpoint or args.run
+    if not (args.checkpoint or args.outputs):
+        parser.error("give a run directory, --checkpoint CKPT or --outputs FILE...")
+    return args
 
 
 def save_outputs_dir(args: argparse.Namespace) -> Optional[Path]:
@@ -90,8 +75,9 @@ def save_outputs_dir(args: argparse.Namespace) -> Optional[Path]:
         return None
     if args.save_outputs:
         return Path(args.save_outputs)
-    checkpoint = Path(args.checkpoint)
-    return checkpoint.parent / f"eval_{checkpoint.stem}"
+    checkpoint = Path(args.checkpoint.removeprefix("hf://").replace("/", "_") if args.checkpoint.startswith("hf://")
+                      else args.checkpoint)
+    return checkpoint / "eval_outputs" if checkpoint.is_dir() else checkpoint.parent / f"eval_{checkpoint.stem}"
 
 
 def check_output_paths(args: argparse.Namespace) -> None:
@@ -132,28 +118,21 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("batch_size", "max_examples"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be at least 1")
-    path = Path(args.checkpoint)
-    payload = safe_load(path)
-    if not isinstance(payload, dict):
-        raise ConfigError(f"{path} holds a {type(payload).__name__}, not a checkpoint (a dict)")
-    state = payload["model"] if isinstance(payload.get("model"), dict) else payload
-    cfg = checkpoint_settings(path, payload)
-    data_path = args.data_path or (cfg.data_paths_test or cfg.data_paths or [cfg.data_path])[0]
-    batch_size = args.batch_size or cfg.global_batch_size
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, args.forward_dtype)
-    metadata = load_metadata(data_path, "test")
-    # The puzzle-embedding table was sized by the training data; the checkpoint knows its size.
-    table = next((v for k, v in state.items() if k.endswith("puzzle_emb.weights")), None)
-    head = build_model(validate_arch(cfg.arch), batch_size=batch_size, seq_len=metadata.seq_len,
-                       vocab_size=metadata.vocab_size, dtype=dtype, device=device,
-                       num_puzzle_identifiers=metadata.num_puzzle_identifiers if table is None else table.shape[0])
-    load_model_weights(head, state, str(path))
+    trained = load_trained(args.checkpoint, device, dtype, args.batch_size or 1, args.data_path)
+    if trained.note:
+        log.info("evaluating %s", trained.note)
+    path, cfg = trained.path, trained.cfg
+    data_path = args.data_path or (cfg.data_paths_test or cfg.data_paths or [cfg.data_path])[0]
+    batch_size = args.batch_size or cfg.global_batch_size
+    head = trained.head
     loader = PuzzleDataset(data_path, "test", batch_size, seed=cfg.seed)
     arc = ARC(data_path) if (Path(data_path) / "test_puzzles.json").is_file() else None
     collector = OutputsCollector() if args.save_outputs is not None else None
     consumers = [c for c in (arc, collector) if c is not None]
-    metrics = evaluate_puzzles(head, head, loader, device, Dist(), args.max_examples, consumers=consumers)
+    metrics = evaluate_puzzles(head, head, loader, device, Dist(), args.max_examples, consumers=consumers,
+                               ttc=test_time_compute(args))
     if arc is not None:
         arc_metrics, submission = arc.score()
         metrics.update(arc_metrics)
@@ -162,8 +141,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--submission and --report score ARC, but {data_path} is not an ARC dataset (no test_puzzles.json)")
     if collector is not None:
         where = save_outputs_dir(args)
-        step = int(payload.get("step", 0)) if isinstance(payload.get("step"), int) else 0
-        log.info("saved outputs: %s", collector.save(where, step, 0))
+        log.info("saved outputs: %s", collector.save(where, trained.step, 0))
     print_metrics(f"{path} on {data_path} (test):", metrics, args.json)
     return 0
 

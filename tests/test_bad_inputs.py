@@ -134,7 +134,7 @@ def trained_run(sudoku_dir, tmp_path_factory):
     (["--checkpoint", "{empty}"], "is empty (0 bytes"),
     (["--checkpoint", "{text}"], "is not a PyTorch checkpoint"),
     (["--checkpoint", "{cut}"], "is truncated or corrupt"),
-    (["--checkpoint", "{dir}"], "is a directory"),
+    (["--checkpoint", "{dir}"], "holds no valid checkpoint (no best.pt, no loadable step_<N>.pt)"),
     (["--checkpoint", "{ckpt}", "--batch-size", "0"], "--batch-size=0 must be at least 1"),
     (["--checkpoint", "{ckpt}", "--max-examples", "-1"], "--max-examples=-1 must be at least 1"),
     (["--checkpoint", "{ckpt}", "--device", "gpu"], "device='gpu' is not a device"),

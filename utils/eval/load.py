@@ -1,0 +1,140 @@
+"""Loading a trained HRM/TRM for evaluation or solving: from a checkpoint file, a run directory (its best
+checkpoint), or a Hugging Face Hub repository (``hf://owner/repo[/file]``).
+
+Accepts our checkpoints (``step_<N>.pt`` and ``best.pt``, which carry their settings and, since they record it,
+the data's ``seq_len`` and ``vocab_size``) and the reference repositories' released ones (a raw state dict named
+``checkpoint`` or ``step_<N>`` next to ``all_config.yaml``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from omegaconf import OmegaConf
+
+from models import build_model, validate_arch
+from models.checkpoints import load_model_weights
+from utils.config import ConfigError, PretrainConfig, build_config, to_dict
+from utils.data.puzzle_dataset import load_metadata
+from utils.run.checkpoint import CheckpointError, safe_load
+from utils.run.run_dir import newest_loadable, read_manifest, recorded_checkpoints
+
+log = logging.getLogger(__name__)
+
+
+def resolve_checkpoint(spec: str) -> tuple[Path, str]:
+    """The checkpoint file ``spec`` names, and a note saying which one was picked and why.
+
+    ``spec`` is a checkpoint file; a run directory (its ``best.pt`` when the run recorded one, else its newest
+    valid step checkpoint); or ``hf://owner/repo[/file]`` (see :func:`utils.hub.resolve_checkpoint`).
+
+    Raises:
+        CheckpointError: nothing there, or a run directory without a checkpoint.
+    """
+    if spec.startswith("hf://"):
+        from utils.hub import resolve_checkpoint as from_hub  # only Hub users need huggingface_hub at import
+
+        path = from_hub(spec)
+        return path, f"{spec} -> {path}"
+    path = Path(spec)
+    if not path.is_dir():
+        return path, ""
+    manifest = read_manifest(path) or {}
+    best = manifest.get("best")
+    if best and (path / best).is_file():
+        record = manifest.get("best_metric") or {}
+        why = f" ({record['metric']} {record['value']:.4f} at step {record['step']})" if record.get("value") is not None else ""
+        return path / best, f"the run's best checkpoint {best}{why}"
+    found = newest_loadable(reversed(recorded_checkpoints(path)))
+    if found is None:
+        raise CheckpointError(f"{path} holds no valid checkpoint (no best.pt, no loadable step_<N>.pt); pass a "
+                              "checkpoint file or a run directory with one")
+    return found[0], f"the run's newest checkpoint {found[0].name} (it has no best.pt)"
+
+
+def checkpoint_settings(path: Path, payload: dict) -> PretrainConfig:
+    """The training settings stored in our checkpoint, or the reference's ``all_config.yaml`` beside it.
+
+    Raises:
+        ConfigError: neither exists, or they do not validate.
+    """
+    if isinstance(payload.get("config"), dict):
+        raw = payload["config"]
+    else:
+        yaml_path = path.parent / "all_config.yaml"
+        if not yaml_path.is_file():
+            raise ConfigError(f"{path} carries no settings and there is no {yaml_path}; put the run's all_config.yaml next to it")
+        try:
+            raw = OmegaConf.to_container(OmegaConf.load(yaml_path), resolve=True)
+        except Exception as e:  # a YAML parser error: name the file, not the parser's internals
+            raise ConfigError(f"could not read {yaml_path}: {str(e).splitlines()[0]}") from None
+    known = set(to_dict(PretrainConfig()))
+    dropped = sorted(set(raw) - known)
+    if dropped:
+        log.info("ignoring settings this trainer does not use: %s", ", ".join(dropped))
+    return build_config({k: v for k, v in raw.items() if k in known})
+
+
+@dataclass
+class Trained:
+    """A trained model ready to answer: the loss head (eval mode), its settings, where it came from, its step, and
+    the data sizes it was built for (``seq_len``, ``vocab_size``)."""
+
+    head: Any
+    cfg: PretrainConfig
+    path: Path
+    note: str
+    step: int
+    seq_len: int
+    vocab_size: int
+
+
+def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size: int,
+                 data_path: Optional[str] = None, seq_len: Optional[int] = None) -> Trained:
+    """Build the model a checkpoint describes and load its weights.
+
+    The data sizes (``seq_len``, ``vocab_size``) come from ``data_path`` when given (the dataset to evaluate), else
+    from the checkpoint's ``data`` record, else from the training data its settings name when that dataset is here,
+    else from ``seq_len`` (a puzzle's own) with the vocabulary read off the weights.
+
+    Raises:
+        CheckpointError, ConfigError: see :func:`resolve_checkpoint` and :func:`checkpoint_settings`; the weights
+            do not fit the architecture; or the data sizes cannot be told.
+    """
+    path, note = resolve_checkpoint(spec)
+    payload = safe_load(path)
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"{path} holds a {type(payload).__name__}, not a checkpoint (a dict)")
+    state = payload["model"] if isinstance(payload.get("model"), dict) else payload
+    cfg = checkpoint_settings(path, payload)
+    sizes = _data_sizes(path, payload, state, cfg, data_path, seq_len)
+    # The puzzle-embedding table was sized by the training data; the checkpoint knows its size.
+    table = next((v for k, v in state.items() if k.endswith("puzzle_emb.weights")), None)
+    head = build_model(validate_arch(cfg.arch), batch_size=batch_size, seq_len=sizes["seq_len"],
+                       vocab_size=sizes["vocab_size"], dtype=dtype, device=device,
+                       num_puzzle_identifiers=1 if table is None else table.shape[0])
+    load_model_weights(head, state, str(path))
+    head.eval()
+    step = payload.get("step") if isinstance(payload.get("step"), int) else 0
+    return Trained(head, cfg, path, note, step, sizes["seq_len"], sizes["vocab_size"])
+
+
+def _data_sizes(path: Path, payload: dict, state: dict, cfg: PretrainConfig, data_path: Optional[str],
+                seq_len: Optional[int]) -> dict[str, int]:
+    """``{"seq_len", "vocab_size"}`` by the rule of :func:`load_trained`."""
+    trained_on = (cfg.data_paths_test or cfg.data_paths or [cfg.data_path])[0]
+    for candidate in (data_path, None, trained_on):
+        if candidate is None and isinstance(payload.get("data"), dict):
+            return {k: int(payload["data"][k]) for k in ("seq_len", "vocab_size")}
+        if candidate and (Path(candidate) / "test" / "dataset.json").is_file():
+            metadata = load_metadata(candidate, "test")
+            return {"seq_len": metadata.seq_len, "vocab_size": metadata.vocab_size}
+    vocab = next((v.shape[0] for k, v in state.items() if k.endswith("embed_tokens.embedding_weight")), None)
+    if seq_len is None or vocab is None:
+        raise CheckpointError(f"{path} does not record its data sizes and the dataset {data_path or trained_on} is "
+                              "not here; pass --data-path with the dataset it was trained on")
+    return {"seq_len": seq_len, "vocab_size": vocab}
