@@ -45,7 +45,7 @@ from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
-from utils.run.checkpointer import Checkpointer
+from utils.run.checkpointer import Best, Checkpointer
 from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main
 from utils.run.metrics import MetricsWindow, MetricsWriter
@@ -210,16 +210,18 @@ class PuzzleTrainState(TrainState):
     """Everything that shapes the rest of an HRM/TRM run (utils/run/train_state.py): the weights, the AdamATan2
     (``dense``) and sign-SGD (``sparse``) optimizers with their lr schedules, the EMA, the sampler position, the
     guard's counters, the metrics window, the wall clock, the evaluations done, and per process the ACT carry and
-    the RNG states. ``forward`` is the (possibly compiled) loss head that ``head`` is."""
+    the RNG states, and the best evaluation so far. ``forward`` is the (possibly compiled) loss head that ``head``
+    is."""
 
     def __init__(self, head, forward, dense: list, sparse: list, schedules: dict, ema: Optional[EMAHelper],
-                 loader: PuzzleDataset, guard: NonFiniteGuard, clock: Clock, cfg: PretrainConfig, rank: Dist,
-                 device: torch.device):
+                 loader: PuzzleDataset, guard: NonFiniteGuard, clock: Clock, best: Best, cfg: PretrainConfig,
+                 rank: Dist, device: torch.device):
         self.head, self.forward, self.dense, self.sparse, self.schedules, self.ema = head, forward, dense, sparse, schedules, ema
-        self.loader, self.guard, self.clock = loader, guard, clock
+        self.loader, self.guard, self.clock, self.best = loader, guard, clock, best
         self.window, self.slot, self.iterations_done = MetricsWindow(cfg.log_interval), CarrySlot(device), Value(0)
         parts = {"live_model": ModelWeights(head), "optimizers": Optimizers(dense + sparse), "train_loader": loader,
-                 "guard": guard, "window": self.window, "clock": clock, "iterations_done": self.iterations_done}
+                 "guard": guard, "window": self.window, "clock": clock, "iterations_done": self.iterations_done,
+                 "best": best}
         if ema is not None:
             parts["ema"] = ema
         super().__init__(parts, {"carry": self.slot, "rng": RNGStates()}, rank)
@@ -263,18 +265,20 @@ def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weig
         setup.plan.decisions["EMA"] = Decision(f"ema_rate={cfg.ema_rate}" if ema else "off",
                                                "evaluation and checkpoints use the EMA weights" if ema
                                                else "freeze_weights=true leaves nothing to average")
-    return PuzzleTrainState(head, forward, dense, sparse, schedules, ema, data.train, guard, clock, cfg, rank,
-                            setup.device)
+    return PuzzleTrainState(head, forward, dense, sparse, schedules, ema, data.train, guard, clock,
+                            Best(data.headline), cfg, rank, setup.device)
 
 
-def export(state: PuzzleTrainState, setup: Setup) -> dict[str, Any]:
+def export(state: PuzzleTrainState, setup: Setup, data: "PuzzleData") -> dict[str, Any]:
     """What a checkpoint holds beside the state: ``model``, the weights in the reference format (the EMA weights
-    with EMA on, as the reference saves them), and ``config``, the settings (for evaluate.py)."""
+    with EMA on, as the reference saves them), ``config``, the settings, and ``data``, the sizes the model was
+    built for (``seq_len``, ``vocab_size``; for evaluate.py and solve.py)."""
+    metadata = data.train.metadata
+    record = {"config": setup.plan.settings, "data": {"seq_len": metadata.seq_len, "vocab_size": metadata.vocab_size}}
     if state.ema is None:
-        return {"model": reference_state_dict(state.head), "config": setup.plan.settings}
+        return {"model": reference_state_dict(state.head), **record}
     with state.ema.swapped():
-        return {"model": {k: v.clone() for k, v in reference_state_dict(state.head).items()},
-                "config": setup.plan.settings}
+        return {"model": {k: v.clone() for k, v in reference_state_dict(state.head).items()}, **record}
 
 
 def check_memory(setup: Setup, metadata: PuzzleDatasetMetadata) -> int:
@@ -393,6 +397,7 @@ class PuzzleData:
     total_steps: int
     total_iters: int
     task: Optional[str]
+    headline: str  # the evaluation metric that picks best.pt
 
     def iteration(self, iteration: int, state: PuzzleTrainState, device: torch.device):
         """The training batches of ``iteration`` still to run, on ``device``: none when the sampler has moved past
@@ -424,8 +429,9 @@ def load_data(setup: Setup, rank: Dist) -> PuzzleData:
     if total_steps < 1:
         raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "
                           f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
-    return PuzzleData(train, test, make_evaluators(cfg, test_paths), total_steps, cfg.epochs // cfg.eval_interval,
-                      puzzle_task(test.metadata))
+    evaluators = make_evaluators(cfg, test_paths)
+    return PuzzleData(train, test, evaluators, total_steps, cfg.epochs // cfg.eval_interval, puzzle_task(test.metadata),
+                      "ARC/pass@2" if evaluators else "exact_accuracy")
 
 
 def session_for(args: argparse.Namespace, setup: Setup, data: PuzzleData, rank: Dist):
@@ -478,7 +484,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
     with session_for(args, setup, data, rank) as session:
         state = build_state(setup, data, rank, clock, None if session.resume_path else cfg.load_checkpoint)
         checkpointer = Checkpointer(session.run, rank, cfg.keep_last_checkpoints, identity(setup),
-                                    lambda: export(state, setup))
+                                    lambda: export(state, setup, data))
         if session.resume_path is not None:
             checkpointer.restore(state, session.resume_path, device)
         if rank.is_main:
@@ -497,12 +503,15 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                         log_train_point(state, cfg, rank, metrics, bar)
                     if any_rank(stopper.requested, rank):
                         return stop_run(checkpointer, state, stopper, session, rank)
-                evaluated = iteration >= cfg.min_eval_interval
+                evaluated, improved = iteration >= cfg.min_eval_interval, False
                 if evaluated:
-                    evaluate(state, data, cfg, device, rank, session.path, metrics)
+                    results = evaluate(state, data, cfg, device, rank, session.path, metrics)
+                    improved = state.best.update(results.get(data.headline), state.step, rank)
                 state.iterations_done.value = iteration + 1
                 if (evaluated and cfg.checkpoint_every_eval) or iteration == data.total_iters - 1:
                     checkpointer.save(state)
+                if improved:
+                    checkpointer.save_best(state, state.best)
                 if any_rank(stopper.requested, rank):
                     return stop_run(checkpointer, state, stopper, session, rank)
     if rank.is_main:

@@ -386,20 +386,19 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
 
 def validate(state: CapeTrainState, split, loader, device, args, metrics: MetricsWriter, rank: Dist) -> bool:
     """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved."""
-    improved = False
+    pck = None
     if rank.is_main:
         ours, baseline, first = evaluate(state.model, split, loader, state.amp, device, args, "val")
         pck = 100 * ours.pck()
-        improved = state.best.improved(pck, state.step)
         metrics.log(state.step, {"val/PCK@0.2": pck, "val/copy_support_PCK@0.2": 100 * baseline.pck(),
                                  "val/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"]})
         if first is not None:
             metrics.log_images(state.step, {"val/poses": pose_grid(*first)})
+    improved = state.best.update(pck, state.step, rank)
+    if rank.is_main:
         log.info("epoch %d: val PCK@0.2 %.2f (copy-support %.2f, %d queries)%s; %.0fs elapsed",
                  state.position.value["epoch"], pck, 100 * baseline.pck(), len(ours.records),
                  " new best" if improved else "", state.clock.elapsed_s())
-    improved, best = main_decides((improved, state.best.state_dict()), rank)
-    state.best.load_state_dict(best)
     return improved
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from utils.distributed import Dist
+from utils.distributed import Dist, main_decides
 from utils.run.checkpoint import CheckpointError, CheckpointWriteError, payload_bytes, safe_load
 from utils.run.run_dir import RunDirectory, free_bytes
 from utils.run.train_state import TrainState
@@ -52,6 +52,14 @@ class Best:
             return False
         self.value, self.step = float(value), step
         return True
+
+    def update(self, value: Optional[float], step: int, rank: Dist) -> bool:
+        """:meth:`improved` on rank 0, which alone evaluates (``value`` is ignored elsewhere); every rank gets its
+        verdict and the best so far, so all take the same branch to the ``best.pt`` write."""
+        verdict = rank.is_main and value is not None and self.improved(value, step)
+        verdict, state = main_decides((verdict, self.state_dict()), rank)
+        self.load_state_dict(state)
+        return verdict
 
     def state_dict(self) -> dict:
         return {"metric": self.metric, "value": self.value, "step": self.step}
