@@ -12,10 +12,14 @@ from pathlib import Path
 
 import httpx2
 import pytest
+import torch
 from huggingface_hub import HfApi, constants, hf_hub_download
 from huggingface_hub.errors import RemoteEntryNotFoundError
 
+from models import build_model, validate_arch
+from models.checkpoints import load_pretrained, reference_state_dict
 import utils.hub
+from utils.config import recipe_config
 from utils.hub import resolve_checkpoint
 from utils.run.checkpoint import CheckpointError
 
@@ -146,3 +150,25 @@ def test_huggingface_hub_finds_the_cache_from_the_environment_alone(cache):
                           "print(resolve_checkpoint('hf://owner/repo'))"],
                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True)
     assert Path(out.stdout.strip()) == snapshot / "checkpoint"
+
+
+def tiny_head(seed: int) -> torch.nn.Module:
+    arch = validate_arch(recipe_config("cfg_pretrain", ["arch.hidden_size=16", "arch.num_heads=2", "arch.H_layers=1",
+                                                        "arch.L_layers=1"]).arch)
+    torch.manual_seed(seed)
+    head = build_model(arch, batch_size=2, seq_len=4, vocab_size=5, num_puzzle_identifiers=3, dtype=torch.float32,
+                       device="cpu")
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_()
+    return head
+
+
+def test_load_pretrained_reads_a_released_checkpoint_through_an_hf_spec(cache, tmp_path):
+    donor = tiny_head(seed=1)
+    torch.save(reference_state_dict(donor), tmp_path / "checkpoint")  # as the HRM release: a bare state dict
+    publish(cache, "sapientinc/HRM-checkpoint-tiny", {"checkpoint": (tmp_path / "checkpoint").read_bytes()})
+    head = tiny_head(seed=2)
+    assert load_pretrained(head, "hf://sapientinc/HRM-checkpoint-tiny") is None
+    for key, value in donor.state_dict().items():
+        assert torch.equal(head.state_dict()[key], value), key
