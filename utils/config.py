@@ -17,7 +17,8 @@ layer each non-default value came from. The merged result is validated against
 :class:`ConfigError` that names the key. ``arch.*`` keys are validated by the model registry
 (:mod:`models`), since each architecture has its own.
 
-Each field of :class:`PretrainConfig` carries its one-line meaning (:func:`setting`).
+Each field of :class:`PretrainConfig` carries its one-line meaning (:func:`setting`), and
+``pretrain.py --help`` lists them with their types and defaults (:func:`describe_keys`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import math
 import numbers
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -271,6 +273,41 @@ def valid_keys(node: Any = None, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(node):
         keys.append(prefix + f.name + (".*" if f.name == "arch" else ""))
     return keys
+
+
+def describe_keys() -> list[str]:
+    """``key  type  default  meaning`` for every setting of :class:`PretrainConfig`, in aligned columns under a
+    header line (``pretrain.py --help``). ``arch.*`` is one line: its keys are the architecture's own
+    (``config/arch/*.yaml``), and its default is the architecture's name."""
+    hints = typing.get_type_hints(PretrainConfig)
+    rows = [("key", "type", "default", "meaning")]
+    for f, key in zip(dataclasses.fields(PretrainConfig), valid_keys()):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        shown = default["name"] if f.name == "arch" else _shown(default)
+        rows.append((key, _type_name(hints[f.name]), shown, f.metadata["help"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3] for row in rows]
+
+
+def _type_name(hint: Any) -> str:
+    """A type as the help shows it: ``int``, ``list[str]``, ``mapping``, ``str|null``."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return _type_name(next(a for a in args if a is not type(None))) + "|null"
+    if typing.get_origin(hint) is list:
+        return f"list[{_type_name(args[0])}]"
+    if typing.get_origin(hint) is dict:
+        return "mapping"
+    return "any" if hint is Any else hint.__name__
+
+
+def _shown(value: Any) -> str:
+    """A default as it is typed on the command line (``null``, ``true``, ``[]``)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return str(value)
 
 
 def build_config(merged: dict) -> PretrainConfig:
