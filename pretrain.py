@@ -34,8 +34,8 @@ from models.checkpoints import ModelWeights, load_pretrained, reference_state_di
 from models.ema import EMAHelper
 from models.layers import attention_backend
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, recipe_layers,
-                          to_dict, valid_keys)
+from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, describe_keys,
+                          recipe_layers, to_dict)
 from utils.data.builders import build_dataset
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_compatible
 from utils.device import compile_decision, configure_backends, memory_available, select_dtype
@@ -65,8 +65,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Train HRM or TRM on a puzzle dataset. Settings come from config/<NAME>.yaml and key=value "
                     "overrides, merged in the order: defaults, hardware profile, the YAML recipe, the command line.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="overrides (key=value; arch.key=value for the architecture; arch=<name> picks config/arch/<name>.yaml):\n  "
-               + "\n  ".join(valid_keys())
+        epilog="settings, each set with key=value (arch.key=value for the architecture's own keys):\n  "
+               + "\n  ".join(describe_keys())
                + "\n\nexamples:\n  python pretrain.py --config-name=cfg_pretrain_cpu epochs=2000 eval_interval=500\n"
                  "  python pretrain.py --config-name=cfg_pretrain_apple_silicon device=cpu forward_dtype=float32\n"
                  "  python pretrain.py --config-name=cfg_pretrain_cpu resume=auto      # continue the newest matching run",

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from utils.hub import resolve_checkpoint
 from utils.run.checkpoint import CheckpointError, safe_load
 
 REFERENCE_KEY_PREFIX = "_orig_mod.model."
@@ -61,6 +62,7 @@ PUZZLE_EMBEDDING_KEY = "inner.puzzle_emb.weights"
 def load_pretrained(head: torch.nn.Module, path: str) -> Optional[str]:
     """Start ``head`` from the weights in ``path`` (``load_checkpoint=``): a ``step_<N>.pt`` of ours, a bare state
     dict of the reference HRM (``checkpoint``) or TRM (``step_<N>``), keys with or without ``_orig_mod.model.``.
+    ``path`` may name a file on the Hugging Face Hub (``hf://owner/repo[/path/in/repo]``, see :mod:`utils.hub`).
 
     When the checkpoint's puzzle-embedding table has another number of rows (fine-tuning on other puzzles),
     every row starts as the mean of its rows, as TRM's ``load_checkpoint`` does (``pretrain.py``). Unlike
@@ -70,9 +72,9 @@ def load_pretrained(head: torch.nn.Module, path: str) -> Optional[str]:
         A sentence about the resized table, or None.
 
     Raises:
-        CheckpointError: the file does not load, or its weights do not fit this architecture.
+        CheckpointError: the file does not load or cannot be fetched, or its weights do not fit this architecture.
     """
-    payload = safe_load(path)
+    payload = safe_load(resolve_checkpoint(path))
     state = payload["model"] if isinstance(payload, dict) and isinstance(payload.get("model"), dict) else payload
     if not isinstance(state, dict):
         raise CheckpointError(f"load_checkpoint={path} holds a {type(state).__name__}, not model weights")

@@ -16,15 +16,20 @@ layer each non-default value came from. The merged result is validated against
 :class:`PretrainConfig`: an unknown key or a value of the wrong type or range is a
 :class:`ConfigError` that names the key. ``arch.*`` keys are validated by the model registry
 (:mod:`models`), since each architecture has its own.
+
+Each field of :class:`PretrainConfig` carries its one-line meaning (:func:`setting`), and
+``pretrain.py --help`` lists them with their types and defaults (:func:`describe_keys`).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import numbers
 import os
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -42,66 +47,82 @@ class ConfigError(UserError):
     """A config file or override is missing, unknown, or of the wrong type or range."""
 
 
+def setting(default: Any, meaning: str) -> Any:
+    """A :class:`PretrainConfig` field and its one-line meaning, which ``pretrain.py --help`` shows
+    (:func:`describe_keys`). A list or dict default is copied for each instance."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": meaning})
+    return field(default=default, metadata={"help": meaning})
+
+
 @dataclass
 class PretrainConfig:
     """Everything ``pretrain.py`` reads. Defaults are the reference ``cfg_pretrain`` (``sapientinc/HRM`` config/)."""
 
-    # The architecture: ``name`` (a registry name, see models/__init__.py), ``loss``, and its own keys.
-    arch: dict[str, Any] = field(default_factory=lambda: {"name": "hrm_v1"})
-    # The training data: data_path (HRM's spelling, one dataset) or data_paths (TRM's, several; puzzle
-    # identifiers stay unique across them). Where both are set, the later layer wins.
-    data_path: str = "data/arc-aug-1000"
-    data_paths: list[str] = field(default_factory=list)
-    data_paths_test: list[str] = field(default_factory=list)  # empty: the test splits of the training data
-    # How to build the dataset at data_path when it is missing (scripts/build_sudoku_dataset.py flags
-    # without the dashes); used only at the recipe's own data_path, or anywhere with build_data=true.
-    dataset_builder: Optional[dict[str, Any]] = None
-    build_data: bool = False
+    arch: dict[str, Any] = setting(
+        {"name": "hrm_v1"}, "the architecture (a registry name, see models/__init__.py), its loss and its own keys: "
+        "arch=<name> picks config/arch/<name>.yaml, arch.key=value sets one key")
+    data_path: str = setting(
+        "data/arc-aug-1000", "the training dataset (HRM's spelling, one dataset); where data_paths is set too, "
+        "the later layer wins")
+    data_paths: list[str] = setting(
+        [], "the training datasets (TRM's spelling, several); puzzle identifiers stay unique across them")
+    data_paths_test: list[str] = setting([], "the test datasets; empty: the test splits of the training data")
+    dataset_builder: Optional[dict[str, Any]] = setting(
+        None, "how to build data_path when it is missing (scripts/build_sudoku_dataset.py flags without the dashes); "
+        "used at the recipe's own data_path only, unless build_data=true")
+    build_data: bool = setting(False, "build a missing dataset with dataset_builder at any data_path")
 
-    global_batch_size: int = 768
-    epochs: int = 100000
-    eval_interval: int = 10000
-    checkpoint_every_eval: bool = True
-    min_eval_interval: int = 0  # the first evaluation is after this many eval intervals (TRM)
-    eval_max_examples: Optional[int] = None  # null: the whole test split
-    # Evaluators run on the test outputs ([{name: arc@ARC}], or by name: evaluators=[ARC]); null: the ARC evaluator
-    # for ARC datasets, none otherwise.
-    evaluators: Optional[list[dict[str, Any]]] = None
-    # Keys of the test outputs saved per evaluation as step_<N>_all_preds.<rank> (the reference's files):
-    # any of inputs, labels, puzzle_identifiers, preds, q_halt_logits.
-    eval_save_outputs: list[str] = field(default_factory=list)
+    global_batch_size: int = setting(768, "examples per optimizer step, summed over all processes")
+    epochs: int = setting(100000, "passes over the training set: the length of the run")
+    eval_interval: int = setting(10000, "epochs between evaluations; must divide epochs")
+    checkpoint_every_eval: bool = setting(True, "save a checkpoint after every evaluation (else only at the end)")
+    min_eval_interval: int = setting(0, "the first evaluation is after this many eval intervals (TRM)")
+    eval_max_examples: Optional[int] = setting(None, "test examples per evaluation; null: the whole test split")
+    evaluators: Optional[list[dict[str, Any]]] = setting(
+        None, "evaluators run on the test outputs ([{name: arc@ARC}], or by name: evaluators=[ARC]); "
+        "null: the ARC evaluator for ARC datasets, none otherwise")
+    eval_save_outputs: list[str] = setting(
+        [], "test outputs saved per evaluation as step_<N>_all_preds.<rank> (the reference's files): "
+        "any of inputs, labels, puzzle_identifiers, preds, q_halt_logits")
 
-    lr: float = 1e-4
-    lr_min_ratio: float = 1.0
-    lr_warmup_steps: int = 2000
-    beta1: float = 0.9
-    beta2: float = 0.95
-    weight_decay: float = 0.1
-    puzzle_emb_weight_decay: float = 0.1
-    puzzle_emb_lr: float = 1e-2
-    optimizer_backend: str = "auto"  # auto | native | torch | adamw
-    ema: bool = False  # evaluate and save an exponential moving average of the weights (TRM)
-    ema_rate: float = 0.999
-    load_checkpoint: Optional[str] = None  # start from these weights (ours, or a reference HRM/TRM checkpoint)
-    freeze_weights: bool = False  # train only the puzzle embedding (fine-tuning to new puzzles)
+    lr: float = setting(1e-4, "the peak learning rate of the model's weights (AdamATan2), reached after warmup")
+    lr_min_ratio: float = setting(1.0, "the cosine schedule's floor, a fraction of lr (1: constant after warmup)")
+    lr_warmup_steps: int = setting(2000, "optimizer steps of linear warmup from 0 to lr")
+    beta1: float = setting(0.9, "Adam's first-moment decay")
+    beta2: float = setting(0.95, "Adam's second-moment decay")
+    weight_decay: float = setting(0.1, "decoupled weight decay of the model's weights")
+    puzzle_emb_weight_decay: float = setting(0.1, "decoupled weight decay of the puzzle embedding (sign-SGD)")
+    puzzle_emb_lr: float = setting(1e-2, "the peak learning rate of the puzzle embedding (sign-SGD)")
+    optimizer_backend: str = setting(
+        "auto", "auto | native (the adam-atan2 CUDA kernel) | torch (pure-PyTorch AdamATan2) | adamw (plain AdamW)")
+    ema: bool = setting(False, "evaluate and save an exponential moving average of the weights (TRM)")
+    ema_rate: float = setting(0.999, "the weight the EMA keeps at each step")
+    load_checkpoint: Optional[str] = setting(
+        None, "start from these weights: ours, a reference HRM/TRM checkpoint, or hf://owner/repo[/path/in/repo]")
+    freeze_weights: bool = setting(False, "train only the puzzle embedding (fine-tuning to new puzzles)")
 
-    seed: int = 0
-    project_name: Optional[str] = None
-    run_name: Optional[str] = None
-    checkpoint_path: Optional[str] = None
-    logger: str = "tensorboard"  # tensorboard | wandb (TensorBoard plus Weights & Biases)
-    log_interval: int = 10  # optimizer steps between metrics.jsonl/TensorBoard points
-    keep_last_checkpoints: int = 3  # 0 keeps all
-    resume: Optional[str] = None  # auto, a run directory (its newest valid checkpoint), or a step_<N>.pt
-    max_nonfinite_steps: int = 10  # stop after this many NaN/inf steps in a row
-    deterministic: bool = False  # torch.use_deterministic_algorithms: bitwise-reproducible runs (slower)
+    seed: int = setting(0, "seeds the initial weights and the data order")
+    project_name: Optional[str] = setting(
+        None, "the run's parent folder checkpoints/<project_name> (null: the dataset's folder name) and W&B project")
+    run_name: Optional[str] = setting(None, "the run's folder name; null: <arch>-<date>-<time>")
+    checkpoint_path: Optional[str] = setting(None, "the run directory; null: checkpoints/<project_name>/<run_name>")
+    logger: str = setting("tensorboard", "tensorboard | wandb (TensorBoard plus Weights & Biases)")
+    log_interval: int = setting(10, "optimizer steps between metrics.jsonl/TensorBoard points")
+    keep_last_checkpoints: int = setting(3, "step_<N>.pt files kept in the run directory; 0 keeps all")
+    resume: Optional[str] = setting(
+        None, "continue a run: auto (the newest matching run), a run directory (its newest valid checkpoint), "
+        "or a step_<N>.pt")
+    max_nonfinite_steps: int = setting(10, "stop after this many NaN/inf steps in a row")
+    deterministic: bool = setting(
+        False, "torch.use_deterministic_algorithms: bitwise-reproducible runs (slower)")
 
-    device: str = "auto"
-    # A hardware profile (auto, gpu_24gb, gpu_16gb, gpu_low_mem, apple_silicon, cpu) fills global_batch_size
-    # where the recipe and the command line leave it unset. null: off.
-    hardware: Optional[str] = None
-    forward_dtype: str = "auto"  # auto | bfloat16 | float32
-    compile: Any = "auto"  # auto (CUDA; CPU with a working C++ toolchain; never MPS) | true | false
+    device: str = setting("auto", "auto | cpu | mps | cuda | cuda:N")
+    hardware: Optional[str] = setting(
+        None, "a hardware profile (auto, gpu_24gb, gpu_16gb, gpu_low_mem, apple_silicon, cpu) that fills "
+        "global_batch_size where the recipe and the command line leave it unset; null: off")
+    forward_dtype: str = setting("auto", "auto | bfloat16 | float32")
+    compile: Any = setting("auto", "torch.compile: auto (CUDA; CPU with a working C++ toolchain; never MPS) | true | false")
 
 
 # Keys that only steer the run (where it writes, how it logs, whether it resumes), not what it trains:
@@ -252,6 +273,41 @@ def valid_keys(node: Any = None, prefix: str = "") -> list[str]:
     for f in dataclasses.fields(node):
         keys.append(prefix + f.name + (".*" if f.name == "arch" else ""))
     return keys
+
+
+def describe_keys() -> list[str]:
+    """``key  type  default  meaning`` for every setting of :class:`PretrainConfig`, in aligned columns under a
+    header line (``pretrain.py --help``). ``arch.*`` is one line: its keys are the architecture's own
+    (``config/arch/*.yaml``), and its default is the architecture's name."""
+    hints = typing.get_type_hints(PretrainConfig)
+    rows = [("key", "type", "default", "meaning")]
+    for f, key in zip(dataclasses.fields(PretrainConfig), valid_keys()):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        shown = default["name"] if f.name == "arch" else _shown(default)
+        rows.append((key, _type_name(hints[f.name]), shown, f.metadata["help"]))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3] for row in rows]
+
+
+def _type_name(hint: Any) -> str:
+    """A type as the help shows it: ``int``, ``list[str]``, ``mapping``, ``str|null``."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        return _type_name(next(a for a in args if a is not type(None))) + "|null"
+    if typing.get_origin(hint) is list:
+        return f"list[{_type_name(args[0])}]"
+    if typing.get_origin(hint) is dict:
+        return "mapping"
+    return "any" if hint is Any else hint.__name__
+
+
+def _shown(value: Any) -> str:
+    """A default as it is typed on the command line (``null``, ``true``, ``[]``)."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, list):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return str(value)
 
 
 def build_config(merged: dict) -> PretrainConfig:
