@@ -43,6 +43,7 @@ from utils.distributed import Dist, any_rank, main_decides
 from utils.eval.arc import ARC
 from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
+from utils.eval.reasoning import TestTimeCompute
 from utils.hardware_optimizer import compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
 from utils.run.checkpointer import Best, Checkpointer
@@ -124,6 +125,7 @@ def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
                           "nothing would train")
     if cfg.global_batch_size % rank.world_size:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
+    eval_compute(cfg).check()
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
     use_compile, compile_reason = compile_decision(device, cfg.compile)
     attention, attention_reason = attention_backend(device, dtype)
@@ -350,7 +352,7 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
     consumers = [*data.evaluators, *(c for c in (collector, pictures) if c is not None)]
     with state.ema.swapped() if state.ema is not None else contextlib.nullcontext():
         results = evaluate_puzzles(state.forward, state.head, data.test, device, rank, cfg.eval_max_examples,
-                                   consumers=consumers)
+                                   consumers=consumers, ttc=eval_compute(cfg))
     state.head.train()
     for evaluator in data.evaluators:
         save_path = run_path / f"evaluator_{type(evaluator).__name__}_step_{state.step}" if rank.is_main else None
@@ -365,6 +367,13 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
         tqdm.write(f"step {state.step} eval ({elapsed:.0f} s into the run): "
                    + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
     return results
+
+
+def eval_compute(cfg: PretrainConfig) -> TestTimeCompute:
+    """The test-time compute of the evaluations (``eval_halt_max_steps``, ``eval_early_exit``, ...)."""
+    keep = any(k.startswith("segment") for k in cfg.eval_save_outputs)
+    return TestTimeCompute(cfg.eval_halt_max_steps, cfg.eval_early_exit, cfg.eval_min_segments, cfg.eval_rollouts,
+                           cfg.eval_noise, cfg.seed, keep)
 
 
 def log_train_point(state: PuzzleTrainState, cfg: PretrainConfig, rank: Dist, metrics: MetricsWriter, bar) -> None:
@@ -431,7 +440,24 @@ def load_data(setup: Setup, rank: Dist) -> PuzzleData:
                           f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
     evaluators = make_evaluators(cfg, test_paths)
     return PuzzleData(train, test, evaluators, total_steps, cfg.epochs // cfg.eval_interval, puzzle_task(test.metadata),
-                      "ARC/pass@2" if evaluators else "exact_accuracy")
+                      headline_metric(cfg, evaluators))
+
+
+def headline_metric(cfg: PretrainConfig, evaluators: list) -> str:
+    """The metric that picks ``best.pt``: ``best_metric``, or with ``auto`` ARC/pass@2 when the ARC evaluator runs,
+    else exact_accuracy.
+
+    Raises:
+        ConfigError: ``best_metric`` names no metric the evaluations report.
+    """
+    reported = ["exact_accuracy", "accuracy", "blank_accuracy", "q_halt_accuracy"]
+    reported += [f"ARC/pass@{k}" for e in evaluators for k in e.pass_ks]
+    if cfg.best_metric == "auto":
+        return "ARC/pass@2" if evaluators else "exact_accuracy"
+    if cfg.best_metric not in reported:
+        raise ConfigError(f"best_metric={cfg.best_metric!r} is not reported by these evaluations; use auto or one of "
+                          f"{', '.join(reported)}")
+    return cfg.best_metric
 
 
 def session_for(args: argparse.Namespace, setup: Setup, data: PuzzleData, rank: Dist):

@@ -83,8 +83,19 @@ class PretrainConfig:
         None, "evaluators run on the test outputs ([{name: arc@ARC}], or by name: evaluators=[ARC]); "
         "null: the ARC evaluator for ARC datasets, none otherwise")
     eval_save_outputs: list[str] = setting(
-        [], "test outputs saved per evaluation as step_<N>_all_preds.<rank> (the reference's files): "
-        "any of inputs, labels, puzzle_identifiers, preds, q_halt_logits")
+        [], "test outputs saved per evaluation as step_<N>_all_preds.<rank> (the reference's files): any of inputs, "
+        "labels, puzzle_identifiers, preds, q_halt_logits, and segments, segment_preds, segment_q_halt (every ACT "
+        "segment's answer)")
+    eval_halt_max_steps: Optional[int] = setting(
+        None, "ACT segments per test puzzle (more than training used is allowed); null: arch.halt_max_steps, as the "
+        "references evaluate")
+    eval_early_exit: bool = setting(False, "a test puzzle stops at the first segment where its Q head says halt")
+    eval_min_segments: int = setting(1, "with eval_early_exit, the fewest segments a test puzzle runs")
+    eval_rollouts: int = setting(1, "answers per test puzzle (the first from the initial state, the others from it "
+                                    "plus eval_noise), the one with the highest q_halt kept")
+    eval_noise: float = setting(0.0, "std of the noise on the initial latent state of rollouts 2..eval_rollouts")
+    best_metric: str = setting("auto", "the evaluation metric that picks best.pt (higher is better); auto: ARC/pass@2 "
+                                       "with the ARC evaluator, else exact_accuracy")
 
     lr: float = setting(1e-4, "the peak learning rate of the model's weights (AdamATan2), reached after warmup")
     lr_min_ratio: float = setting(1.0, "the cosine schedule's floor, a fraction of lr (1: constant after warmup)")
@@ -129,7 +140,8 @@ class PretrainConfig:
 # left out of the settings fingerprint that identifies "the same run" (utils/run/run_dir.py).
 RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "logger", "log_interval",
                     "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
-                    "eval_max_examples", "evaluators", "eval_save_outputs")
+                    "eval_max_examples", "evaluators", "eval_save_outputs", "eval_halt_max_steps", "eval_early_exit",
+                    "eval_min_segments", "eval_rollouts", "eval_noise", "best_metric")
 EVALUATORS = {"arc@ARC": "ARC", "ARC": "ARC", "arc": "ARC"}  # TRM's names, and ours
 # Every float setting: (low, high, whether high itself is excluded). The published recipes (HRM: lr 1e-4 and 7e-5,
 # puzzle_emb_lr 1e-2 and 7e-5, weight_decay 0.1 to 1.0; TRM: lr 1e-4, weight_decay 1.0, ema_rate 0.999) sit well inside.
@@ -142,8 +154,11 @@ FLOAT_RANGES = {
     "beta2": (0, 1, True),  # as beta1, for the second moment
     "lr_min_ratio": (0, 1, False),  # the cosine schedule's floor, a fraction of lr
     "ema_rate": (0, 1, False),  # a convex weight: 0 copies the weights, 1 keeps the first ones
+    "eval_noise": (0, 100, False),  # in units of the initial state's entries (std 1): 100 drowns it
 }
-SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits")
+# The keys of the saved test outputs (utils/eval/outputs.py), the reference's and every segment's answers.
+SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits", "segments", "segment_preds",
+                    "segment_q_halt")
 
 
 def _load_yaml(path: Path) -> DictConfig:

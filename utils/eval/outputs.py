@@ -31,11 +31,11 @@ from pathlib import Path
 
 import torch
 
+from utils.config import SAVE_OUTPUT_KEYS
 from utils.errors import UserError
 from utils.outputs import write_atomically
 
-SAVE_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits", "segments", "segment_preds",
-             "segment_q_halt")
+SAVE_KEYS = SAVE_OUTPUT_KEYS
 FILE_PATTERN = re.compile(r"step_(\d+)_all_preds\.(\d+)")
 
 
