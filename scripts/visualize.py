@@ -1,5 +1,5 @@
-"""Draw puzzles (Sudoku, mazes, ARC) and saved predictions as PNG files with an index.html: a thin command line
-over :func:`utils.viz.puzzles.write_gallery`.
+"""Draw puzzles (Sudoku, mazes, ARC) and saved predictions as PNG files (and, for per-segment outputs, GIFs)
+with an index.html: a thin command line over :func:`utils.viz.puzzles.write_gallery`.
 
     python scripts/visualize.py --data-path data/maze-30x30-hard-1k --out pictures/maze
     python scripts/visualize.py --data-path data/maze-30x30-hard-1k --outputs checkpoints/.../step_1000_all_preds.0 \\
@@ -29,6 +29,8 @@ def main(argv=None) -> int:
                "          predicted path = dark-blue square; mistakes ringed: orange = predicted off the path,\n"
                "          magenta = path cell missed, teal = any other wrong cell\n"
                "  ARC     input, target and prediction in the ARC palette; wrong cells outlined in white\n"
+               "  outputs with segment_preds [N, T, S] and segment_q_halt [N, T] also give, per row, the answer\n"
+               "          after each ACT segment: output_<row>_segments.gif and output_<row>_segments_strip.png\n"
                "  puzzles without a name (every Sudoku and maze puzzle) are called 'puzzle <index>'\n"
                "examples:\n"
                "  python scripts/visualize.py --data-path data/maze-30x30-hard-1k --out pictures/maze --num 8\n"
@@ -42,7 +44,8 @@ def main(argv=None) -> int:
                         help="split to draw, and the one the outputs were evaluated on (default: test)")
     parser.add_argument("--outputs", nargs="+", metavar="FILE",
                         help="saved predictions (step_<N>_all_preds.<rank>, one file per rank) to draw instead of "
-                             "the dataset; each picture is titled right or wrong")
+                             "the dataset; each picture is titled right or wrong; with segment_preds and "
+                             "segment_q_halt in the file, also a GIF and a strip of the answer after each segment")
     parser.add_argument("--out", required=True, help="directory for the PNG files and index.html (created if missing)")
     parser.add_argument("--num", type=int, default=16, help="number of pictures: the first example of each of the "
                         "first N groups, or the first N rows of the outputs (default: 16)")

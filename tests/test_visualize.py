@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from utils.data import maze
 from utils.data.arc import grid_to_tokens
@@ -248,6 +249,48 @@ def test_eval_pictures_are_titled_with_the_step():
     assert pictures.rows[0][0] == 1  # titled "maze · test row 1 · step 40 · right"
 
 
+def test_segments_make_one_frame_each_a_gif_and_a_strip(tmp_path):
+    question, flat, preds, _ = maze_mistakes()
+    title = viz.example_title("maze", "puzzle 1", 7, flat, None)
+    lengths = {}
+    for steps in (1, 3, 6):
+        answers = np.stack([preds if t < steps - 1 else flat for t in range(steps)])  # right at the last segment
+        q_halt = torch.linspace(-3, 3, steps)
+        frames = viz.render_segments("maze", question, flat, torch.from_numpy(answers), q_halt, title)
+        assert len(frames) == steps and len({f.size for f in frames}) == 1
+        gif, strip = viz.save_segments(frames, tmp_path / f"row_{steps}")
+        assert (gif.name, strip.name) == (f"row_{steps}.gif", f"row_{steps}_strip.png")
+        with Image.open(gif) as animation:
+            assert animation.n_frames == steps and animation.info.get("loop") == 0
+            durations = []
+            for t in range(steps):
+                animation.seek(t)
+                durations.append(animation.info["duration"])
+        assert durations[-1] == viz.LAST_FRAME_MS and set(durations[:-1]) <= {viz.FRAME_MS}
+        with Image.open(strip) as picture:
+            lengths[steps] = picture.width
+            assert picture.height == frames[0].height
+    assert lengths[1] < lengths[3] < lengths[6] == 6 * frames[0].width + 5 * viz.STRIP_GAP
+    wide = viz.render_segments("maze", question, flat, np.stack([flat] * 20), np.zeros(20, np.float32))
+    _, strip = viz.save_segments(wide, tmp_path / "wide")
+    with Image.open(strip) as picture:
+        assert picture.width == viz.STRIP_MAX_WIDTH and picture.height < wide[0].height  # scaled down
+    with pytest.raises(viz.VisualizationError, match=r"segment predictions must be \[T >= 1, 100\] integer tokens"):
+        viz.render_segments("maze", question, flat, np.zeros((0, 100), np.int64), np.zeros(0, np.float32))
+    with pytest.raises(viz.VisualizationError, match=r"segment q_halt must be \[2\] floats"):
+        viz.render_segments("maze", question, flat, np.stack([flat, flat]), np.zeros(3, np.float32))
+
+
+def test_segment_titles():
+    question, flat, preds, _ = maze_mistakes()
+    frames = viz.render_segments("maze", question, flat, np.stack([preds, flat]), np.array([0.0, 2.5]),
+                                 "maze · puzzle 1")
+    # the titles differ (segment number, confidence, verdict): the title strips differ
+    strips = [np.asarray(f)[:M + viz.TITLE_HEIGHT] for f in frames]
+    assert not np.array_equal(*strips)
+    assert viz.verdict(flat, preds) == "wrong: 8 of 100 cells" and viz.verdict(flat, flat) == "right"
+
+
 def test_arc_panels_use_the_arc_palette():
     rng = np.random.default_rng(0)
     grid_in, grid_out = rng.integers(0, 10, (4, 6)), rng.integers(0, 10, (3, 3))
@@ -362,6 +405,38 @@ def run_cli(monkeypatch, capsys, *argv):
         runpy.run_path(str(REPO / "scripts" / "visualize.py"), run_name="__main__")
     captured = capsys.readouterr()
     return info.value.code, captured.out, captured.err
+
+
+def test_cli_draws_the_segments_of_saved_outputs(maze_data, tmp_path, monkeypatch, capsys):
+    inputs, labels = load(maze_data, "test", "inputs")[:2], load(maze_data, "test", "labels")[:2]
+    path = tmp_path / "step_40_all_preds.0"
+    save_outputs(path, inputs, labels, labels)
+    outputs = torch.load(path, weights_only=True)
+    steps = 4
+    wrong = np.where(labels == maze.PATH, maze.OPEN, labels)  # the path not found yet
+    segment_preds = np.stack([np.stack([wrong[i]] * (steps - 1) + [labels[i]]) for i in range(2)])
+    outputs["segment_preds"] = torch.as_tensor(segment_preds, dtype=torch.int64)      # [N, T, S]
+    outputs["segment_q_halt"] = torch.linspace(-2, 2, steps).repeat(2, 1)             # [N, T]
+    torch.save(outputs, path)
+    code, out, _ = run_cli(monkeypatch, capsys, "--data-path", maze_data, "--outputs", path, "--out", tmp_path / "pics")
+    assert code == 0, out
+    pics = tmp_path / "pics"
+    for row in (0, 1):
+        with Image.open(pics / f"output_{row:07d}_segments.gif") as gif:
+            assert gif.n_frames == steps
+        assert (pics / f"output_{row:07d}_segments_strip.png").is_file()
+    page = (pics / "index.html").read_text()
+    assert 'src="output_0000001_segments.gif"' in page and 'href="output_0000001_segments_strip.png"' in page
+    assert "maze · puzzle 1 · step 40 · right" in page
+
+    del outputs["segment_q_halt"]
+    torch.save(outputs, path)
+    code, _, err = run_cli(monkeypatch, capsys, "--data-path", maze_data, "--outputs", path, "--out", tmp_path / "x")
+    assert code == 2 and "error: the outputs hold 'segment_preds' but not 'segment_q_halt'" in err
+    outputs["segment_q_halt"] = torch.zeros(2, steps + 1)
+    torch.save(outputs, path)
+    code, _, err = run_cli(monkeypatch, capsys, "--data-path", maze_data, "--outputs", path, "--out", tmp_path / "x")
+    assert code == 2 and "error: outputs 'segment_preds' must be integer [N, T, 100] and 'segment_q_halt' float" in err
 
 
 def test_cli_end_to_end_and_bad_input(maze_data, tmp_path, monkeypatch, capsys):

@@ -20,7 +20,9 @@ colour and mark it uses.
   that differ from the target are outlined in white. The prediction is cropped as the reference
   evaluator crops it (:func:`utils.data.arc.tokens_to_grid`).
 
-:func:`write_gallery` renders a dataset split, or saved predictions, to PNG files and an ``index.html``.
+:func:`render_segments` draws the answer after each ACT segment (one frame per segment) and
+:func:`save_segments` writes them as an animated GIF and a strip. :func:`write_gallery` renders a dataset
+split, or saved predictions (with their per-segment answers when saved), to files and an ``index.html``.
 The reference's own viewer (``sapientinc/HRM`` puzzle_visualizer.html) draws raw token grids only.
 """
 from __future__ import annotations
@@ -71,6 +73,9 @@ ARC_PALETTE = np.array([(0x00, 0x00, 0x00), (0x00, 0x74, 0xD9), (0xFF, 0x41, 0x3
 ARC_GRID_LINE = (85, 85, 85)
 ARC_GAP = 16                       # pixels between the input, target and prediction panels
 
+SEGMENT_KEYS = ("segment_preds", "segment_q_halt")  # per-segment answers in a saved outputs file
+FRAME_MS, LAST_FRAME_MS = 700, 2500  # how long a GIF shows each segment, and the last one
+STRIP_GAP, STRIP_MAX_WIDTH = 8, 4000  # pixels between frames of a strip; wider strips are scaled down
 
 
 class VisualizationError(UserError):
@@ -161,7 +166,7 @@ def _compose(body: Image.Image, title: str | None, legend: list[LegendEntry]) ->
     """White picture: ``title`` above, ``body`` at (MARGIN, MARGIN [+ TITLE_HEIGHT]), legend entries below, wrapped.
 
     The legend wraps at the body's width (at least 240 pixels), so pictures of one example with other
-    titles keep one layout; a longer title widens the picture.
+    titles (the frames of :func:`render_segments`) keep one layout; a longer title widens the picture.
     """
     font, title_font = _font(13), _font(14)
     wrap = max(body.width, 240)
@@ -436,9 +441,89 @@ def render_example(task: str, inputs, labels, preds=None, title: str | None = No
     return RENDERERS[task](inputs, labels, preds, title)
 
 
+# ----------------------------------------------------------------------------------------
+# The answer after each ACT segment: frames, a GIF and a strip
+
+
+def render_segments(task: str, inputs, labels, segment_preds, q_halt, title: str | None = None) -> list[Image.Image]:
+    """One picture per ACT segment of one example: the answer the model would give if it halted there.
+
+    Each frame is :func:`render_example` of that segment's answer, titled ``"<title> · segment t/T ·
+    sigmoid(q_halt)=0.93 · wrong: N of M cells"``: sigmoid(q_halt) (σ, spelled out because the default
+    font has no Greek) is the halting head's confidence that the answer is right (ACT, Graves 2016, as
+    trained in HRM). Frames are padded with white to one size, for a GIF.
+
+    Args:
+        task: "sudoku", "maze" or "arc".
+        inputs, labels: the example's [S] tokens.
+        segment_preds: [T, S] integer tokens, the argmax answer after each of T >= 1 segments.
+        q_halt: [T] float halting logits, one per segment.
+        title: what the example is (e.g. :func:`example_title` without a prediction); None leaves it out.
+    Returns:
+        T RGB images of one size.
+    Raises:
+        VisualizationError: shapes that do not fit (T = 0, a segment not S long, q_halt not [T]) or
+            tokens the task's renderer refuses.
+    """
+    segment_preds, q_halt = _array(segment_preds), _array(q_halt)
+    seq_len = _array(labels).size
+    if (segment_preds.ndim != 2 or not len(segment_preds) or segment_preds.shape[1] != seq_len
+            or not np.issubdtype(segment_preds.dtype, np.integer)):
+        raise VisualizationError(f"segment predictions must be [T >= 1, {seq_len}] integer tokens, "
+                                 f"got {segment_preds.dtype} of shape {list(segment_preds.shape)}")
+    if q_halt.shape != segment_preds.shape[:1] or not np.issubdtype(q_halt.dtype, np.floating):
+        raise VisualizationError(f"segment q_halt must be [{len(segment_preds)}] floats, "
+                                 f"got {q_halt.dtype} of shape {list(q_halt.shape)}")
+    confidence = 0.5 * (1 + np.tanh(q_halt.astype(np.float64) / 2))  # sigmoid, without overflow for large |logit|
+    total = len(segment_preds)
+    frames = []
+    for t, (preds, sigma) in enumerate(zip(segment_preds, confidence), start=1):
+        line = f"segment {t}/{total} · sigmoid(q_halt)={sigma:.2f} · {verdict(_array(labels).reshape(-1), preds)}"
+        frames.append(render_example(task, inputs, labels, preds, title=f"{title} · {line}" if title else line))
+    width, height = max(f.width for f in frames), max(f.height for f in frames)
+    padded = []
+    for frame in frames:
+        canvas = Image.new("RGB", (width, height), WHITE)
+        canvas.paste(frame, (0, 0))
+        padded.append(canvas)
+    return padded
+
+
 def _save_picture(image: Image.Image, path: Path, image_format: str, **options) -> Path:
     """Write ``image`` to ``path`` whole or not at all (:func:`utils.outputs.write_atomically`)."""
     return write_atomically(path, lambda f: image.save(f, format=image_format, **options), "picture")
+
+
+def save_segments(frames: list[Image.Image], path_stem: str | os.PathLike) -> tuple[Path, Path]:
+    """Write :func:`render_segments` frames as ``<path_stem>.gif`` and ``<path_stem>_strip.png``.
+
+    The GIF loops forever, FRAME_MS milliseconds a frame and LAST_FRAME_MS on the last (the answer the
+    model gives). The strip puts the frames side by side, STRIP_GAP pixels apart, scaled down to
+    STRIP_MAX_WIDTH pixels when wider. Each file is written whole or not at all.
+
+    Args:
+        frames: T >= 1 RGB images of one size.
+        path_stem: the path without the suffix; parent directories are created.
+    Returns:
+        (GIF path, strip path).
+    Raises:
+        VisualizationError: no frames.
+        OutputWriteError: a write failed (full disk, ...); that file is left as it was.
+    """
+    if not frames:
+        raise VisualizationError("no segment frames to save")
+    path_stem = Path(path_stem)
+    durations = [FRAME_MS] * (len(frames) - 1) + [LAST_FRAME_MS]
+    gif = _save_picture(frames[0], path_stem.with_name(f"{path_stem.name}.gif"), "GIF", save_all=True,
+                        append_images=frames[1:], duration=durations, loop=0)
+    width = sum(f.width for f in frames) + STRIP_GAP * (len(frames) - 1)
+    strip = Image.new("RGB", (width, max(f.height for f in frames)), WHITE)
+    for i, frame in enumerate(frames):
+        strip.paste(frame, (i * (frame.width + STRIP_GAP), 0))
+    if width > STRIP_MAX_WIDTH:
+        strip = strip.resize((STRIP_MAX_WIDTH, max(1, round(strip.height * STRIP_MAX_WIDTH / width))),
+                             Image.Resampling.LANCZOS)
+    return gif, _save_picture(strip, path_stem.with_name(f"{path_stem.name}_strip.png"), "PNG")
 
 
 # ----------------------------------------------------------------------------------------
@@ -466,13 +551,14 @@ def _name(names: list[str], identifier: int, metadata: PuzzleDatasetMetadata) ->
 
 
 class _Item(NamedTuple):
-    """One picture of the gallery: file stem, HTML caption, title name, [S] tokens."""
+    """One picture of the gallery: file stem, HTML caption, title name, [S] tokens, and per-segment answers."""
     stem: str
     caption: str
     name: str
     inputs: np.ndarray
     labels: np.ndarray
     preds: np.ndarray | None = None
+    segments: tuple[np.ndarray, np.ndarray] | None = None  # ([T, S] answers, [T] q_halt logits)
 
 
 def _dataset_items(data_path: Path, split: str, metadata: PuzzleDatasetMetadata, names: list[str],
@@ -493,8 +579,28 @@ def _dataset_items(data_path: Path, split: str, metadata: PuzzleDatasetMetadata,
     return items
 
 
+def _segments(outputs: dict[str, torch.Tensor], seq_len: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """The per-segment answers [N, T, seq_len] and q_halt logits [N, T] of saved outputs; None when not saved.
+
+    Raises:
+        OutputsError: only one of the two keys, or shapes that do not fit.
+    """
+    present = [k for k in SEGMENT_KEYS if k in outputs]
+    if not present:
+        return None
+    if len(present) == 1:
+        raise OutputsError(f"the outputs hold '{present[0]}' but not '{({*SEGMENT_KEYS} - {present[0]}).pop()}'; "
+                           "per-segment pictures need both")
+    preds, q_halt = (outputs[k] for k in SEGMENT_KEYS)
+    if (preds.dim() != 3 or preds.shape[1] < 1 or preds.shape[2] != seq_len or preds.dtype.is_floating_point
+            or tuple(q_halt.shape) != tuple(preds.shape[:2]) or not q_halt.dtype.is_floating_point):
+        raise OutputsError(f"outputs 'segment_preds' must be integer [N, T, {seq_len}] and 'segment_q_halt' float "
+                           f"[N, T]; got {preds.dtype} {list(preds.shape)} and {q_halt.dtype} {list(q_halt.shape)}")
+    return preds.numpy(), q_halt.numpy()
+
+
 def _outputs_items(files: list, metadata: PuzzleDatasetMetadata, names: list[str], num: int):
-    """The first ``num`` real rows of saved outputs; and a summary."""
+    """The first ``num`` real rows of saved outputs (with their per-segment answers when saved); and a summary."""
     outputs = load_outputs(files)
     missing = [k for k in ("inputs", "labels", "preds") if k not in outputs]
     if missing:
@@ -504,6 +610,7 @@ def _outputs_items(files: list, metadata: PuzzleDatasetMetadata, names: list[str
         if tuple(outputs[key].shape[1:]) != (metadata.seq_len,):
             raise OutputsError(f"outputs '{key}' is {list(outputs[key].shape)} but the dataset has seq_len "
                                f"{metadata.seq_len}; pass the dataset the outputs were evaluated on")
+    segments = _segments(outputs, metadata.seq_len)
     inputs, labels, preds = (outputs[k].numpy() for k in ("inputs", "labels", "preds"))
     ids = (outputs["puzzle_identifiers"].numpy() if "puzzle_identifiers" in outputs
            else np.full(len(inputs), metadata.blank_identifier_id, np.int64))
@@ -513,7 +620,7 @@ def _outputs_items(files: list, metadata: PuzzleDatasetMetadata, names: list[str
     for row in real[:num]:
         name = _name(names, int(ids[row]), metadata)
         items.append(_Item(f"output_{row:07d}", "", f"row {row} ({name})" if name else f"puzzle {row}", inputs[row],
-                           labels[row], preds[row]))
+                           labels[row], preds[row], None if segments is None else (segments[0][row], segments[1][row])))
     summary = (f"exact accuracy {correct[real].mean():.1%} over {len(real)} rows "
                f"({int(correct[real].sum())} correct)" if len(real) else "no rows")
     return items, summary
@@ -525,10 +632,11 @@ def _outputs_step(files: list) -> int | None:
     return int(steps.pop()) if len(steps) == 1 and None not in steps else None
 
 
-def _figure(src: str, caption: str) -> str:
-    """An HTML figure: picture ``src`` captioned ``caption`` (plain text)."""
+def _figure(src: str, caption: str, link: tuple[str, str] | None = None) -> str:
+    """An HTML figure: picture ``src`` captioned ``caption`` (plain text), then an optional (href, text) link."""
+    more = f' (<a href="{html.escape(link[0])}">{html.escape(link[1])}</a>)' if link else ""
     return (f'<figure><img src="{html.escape(src)}" alt="{html.escape(caption)}">'
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+            f"<figcaption>{html.escape(caption)}{more}</figcaption></figure>")
 
 
 def write_gallery(data_path: str | os.PathLike, out_dir: str | os.PathLike, split: str = "test",
@@ -539,7 +647,10 @@ def write_gallery(data_path: str | os.PathLike, out_dir: str | os.PathLike, spli
     copies do not crowd the page). With ``outputs`` (the reference's ``step_<N>_all_preds.<rank>`` files,
     read with :func:`utils.eval.outputs.load_outputs`): the first ``num`` rows that are not batch padding,
     each titled right (every supervised token right, the reference's exact accuracy) or how many cells
-    are wrong (:func:`example_title`; the step is read from the file names). A puzzle without a name (the blank identifier, as
+    are wrong (:func:`example_title`; the step is read from the file names). When the outputs also hold
+    ``segment_preds`` (int [N, T, seq_len], the answer after each ACT segment) and ``segment_q_halt``
+    (float [N, T]), each row also gets ``<stem>_segments.gif`` and ``<stem>_segments_strip.png``
+    (:func:`render_segments`, :func:`save_segments`). A puzzle without a name (the blank identifier, as
     in every Sudoku and maze dataset) is called ``puzzle <index>``. The task is read from ``split``'s
     metadata. Files of earlier runs with other names are left alone.
 
@@ -571,6 +682,12 @@ def write_gallery(data_path: str | os.PathLike, out_dir: str | os.PathLike, spli
         _save_picture(render_example(task, item.inputs, item.labels, item.preds, title), out_dir / f"{item.stem}.png",
                       "PNG")
         figures.append(_figure(f"{item.stem}.png", item.caption or title))
+        if item.segments is not None:
+            frames = render_segments(task, item.inputs, item.labels, *item.segments,
+                                     title=example_title(task, item.name, step, item.labels, None))
+            gif, strip = save_segments(frames, out_dir / f"{item.stem}_segments")
+            figures.append(_figure(gif.name, f"{item.name}: the answer after each of {len(frames)} segments",
+                                   (strip.name, "all side by side")))
     heading = f"{task}: {html.escape(source)}"
     page = ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + heading + "</title>\n<style>"
             "body{font-family:sans-serif;margin:16px} "
