@@ -31,6 +31,7 @@ from utils.eval.outputs import OutputsCollector
 from utils.eval.load import load_trained
 from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import add_test_time_arguments, test_time_compute
+from utils.eval.stats import interval_keys
 from utils.outputs import check_writable_dir, check_writable_file
 from utils.run.main import ArgumentParser, cli_main
 
@@ -95,12 +96,23 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 
 def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
+    """Print ``metrics`` one per line, a proportion with its interval fields as
+    ``exact_accuracy: 0.8125 (95% CI 0.57-0.93, n=16)`` (n: ``ARC/tasks`` for ``ARC/`` keys, else ``count``);
+    with ``as_json``, the flat dict as one JSON object."""
     if as_json:
         print(json.dumps(metrics))
         return
     print(title)
+    interval_fields = {name for k in metrics for name in interval_keys(k) if name in metrics}
     for k, v in metrics.items():
-        print(f"  {k:>16}: {v:.4f}")
+        if k in interval_fields:
+            continue
+        low, high = interval_keys(k)
+        if low in metrics and high in metrics:
+            n = metrics.get("ARC/tasks" if k.startswith("ARC/") else "count", float("nan"))
+            print(f"  {k:>16}: {v:.4f} (95% CI {metrics[low]:.2f}-{metrics[high]:.2f}, n={n:.0f})")
+        else:
+            print(f"  {k:>16}: {v:.4f}")
 
 
 def score_saved_outputs(args: argparse.Namespace) -> int:

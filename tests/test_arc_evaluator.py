@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 from tests.test_arc_dataset import NAME, transform, write_task
 from utils.data import arc
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset
-from utils.eval.arc import ARC, rank_answers, score_outputs
+from utils.eval.arc import ARC, PASS_KEY, rank_answers, score_outputs
+from utils.eval.stats import wilson_interval
 from utils.eval.outputs import OutputsCollector, OutputsError, load_outputs
 
 PASS_KS = (1, 2, 5, 10, 100, 1000)
@@ -31,6 +32,11 @@ LABELS = {
     "e5": [[[1, 3], [5, 7]]],
     "e6": [[[2, 4], [6, 8]]],
 }
+
+
+def pass_at(metrics):
+    """The ``ARC/pass@K`` fractions of the metrics, without their interval fields and ``ARC/tasks``."""
+    return {k: v for k, v in metrics.items() if PASS_KEY.fullmatch(k)}
 
 
 def wrong(label, k):
@@ -174,22 +180,26 @@ def test_oracle_scores_one_and_all_wrong_scores_zero(dataset, tmp_path):
     labels = np.load(dataset / "test" / "all__labels.npy").astype(np.int64)
     oracle = collect(dataset, lambda row, *_: (labels[row], 0.0))[0].save(tmp_path / "oracle", 1, 0)
     metrics = score_outputs([oracle], dataset, submission_path=tmp_path / "sub.json", report_path=tmp_path / "rep.json")
-    assert metrics == {f"ARC/pass@{k}": 1.0 for k in PASS_KS}
+    assert pass_at(metrics) == {f"ARC/pass@{k}": 1.0 for k in PASS_KS}
     assert json.loads((tmp_path / "rep.json").read_text()) == {f"pass@{k}": 1.0 for k in PASS_KS}
     submission = json.loads((tmp_path / "sub.json").read_text())
     for task, outputs in LABELS.items():
         assert submission[task] == [{"attempt_1": o, "attempt_2": o} for o in outputs]  # one answer, repeated
     nothing = collect(dataset, lambda *_: (np.zeros(900, np.int64), 0.0))[0].save(tmp_path / "zero", 1, 0)
-    assert score_outputs([nothing], dataset) == {f"ARC/pass@{k}": 0.0 for k in PASS_KS}
+    assert pass_at(score_outputs([nothing], dataset)) == {f"ARC/pass@{k}": 0.0 for k in PASS_KS}
     inputs = np.load(dataset / "test" / "all__inputs.npy").astype(np.int64)  # echo the input: always wrong here
     echo = collect(dataset, lambda row, *_: (inputs[row], 0.0))[0].save(tmp_path / "echo", 1, 0)
-    assert score_outputs([echo], dataset) == {f"ARC/pass@{k}": 0.0 for k in PASS_KS}
+    assert pass_at(score_outputs([echo], dataset)) == {f"ARC/pass@{k}": 0.0 for k in PASS_KS}
 
 
 def test_mixed_votes_by_hand(dataset, tmp_path):
     files = save_mixed(dataset, tmp_path)
     metrics = score_outputs(files, dataset, submission_path=tmp_path / "submission.json")
-    assert metrics == pytest.approx({f"ARC/pass@{k}": EXPECTED_MIXED[k] for k in PASS_KS}, abs=1e-12)
+    assert pass_at(metrics) == pytest.approx({f"ARC/pass@{k}": EXPECTED_MIXED[k] for k in PASS_KS}, abs=1e-12)
+    # the interval of each pass@K over the 6 tasks, the task scores taken as proportions
+    assert metrics["ARC/tasks"] == 6.0
+    assert (metrics["ARC/pass@1_ci95_low"], metrics["ARC/pass@1_ci95_high"]) == \
+        pytest.approx(wilson_interval(EXPECTED_MIXED[1] * 6, 6), abs=1e-12)
     submission = json.loads((tmp_path / "submission.json").read_text())
     assert list(submission) == list(json.loads((dataset / "test_puzzles.json").read_text()))
     lab = {t: [np.array(o) for o in outs] for t, outs in LABELS.items()}
@@ -211,7 +221,7 @@ def test_rank_files_give_the_same_scores_in_any_order(dataset, tmp_path):
     assert [f.name for f in files] == ["step_7_all_preds.0", "step_7_all_preds.1"]
     forward = score_outputs(files, dataset)
     assert score_outputs(files[::-1], dataset) == forward  # files are put in rank order
-    assert forward == pytest.approx({f"ARC/pass@{k}": EXPECTED_MIXED[k] for k in PASS_KS}, abs=1e-12)
+    assert pass_at(forward) == pytest.approx({f"ARC/pass@{k}": EXPECTED_MIXED[k] for k in PASS_KS}, abs=1e-12)
 
 
 def test_padding_rows_ignored_and_votes_accumulate(dataset, tmp_path):
@@ -225,7 +235,7 @@ def test_padding_rows_ignored_and_votes_accumulate(dataset, tmp_path):
                        q_halt_logits=torch.full_like(batch["q_halt_logits"], 9.0))
     evaluator.begin_eval()  # aggregated voting (the reference default): the earlier right votes stay, a tie on count
     evaluator.update_batch(wrong_batch, wrong_batch)
-    assert evaluator.result(None, 0, 1) == {f"ARC/pass@{k}": (0.0 if k == 1 else 1.0) for k in PASS_KS}
+    assert pass_at(evaluator.result(None, 0, 1)) == {f"ARC/pass@{k}": (0.0 if k == 1 else 1.0) for k in PASS_KS}
     fresh = ARC(dataset, aggregated_voting=False)
     fresh.update_batch(batch, batch)
     fresh.begin_eval()
@@ -262,7 +272,7 @@ def test_result_gathers_across_two_processes(dataset, tmp_path):
                  nprocs=2, join=True)
         results = dict(results)
     assert results[1] is None
-    assert results[0] == pytest.approx({f"ARC/pass@{k}": EXPECTED_MIXED[k] for k in PASS_KS}, abs=1e-12)
+    assert pass_at(results[0]) == pytest.approx({f"ARC/pass@{k}": EXPECTED_MIXED[k] for k in PASS_KS}, abs=1e-12)
     single = tmp_path / "single.json"
     score_outputs(files, dataset, submission_path=single)
     assert json.loads((tmp_path / "sub" / "submission.json").read_text()) == json.loads(single.read_text())

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from utils.data import maze
 from utils.data.arc import grid_to_tokens
@@ -125,6 +126,37 @@ def test_sudoku_marks_wrong_cells_and_tells_given_from_filled(sudoku_data):
     assert not (np.asarray(plain) == viz.WRONG_BG).all(axis=-1).any()
 
 
+def test_sudoku_keeps_givens_as_givens_when_the_model_changes_them(sudoku_data):
+    inputs, labels = load(sudoku_data, "test", "inputs")[0], load(sudoku_data, "test", "labels")[0]
+    givens, blanks = np.flatnonzero(inputs > 1), np.flatnonzero(inputs == 1)
+    changed, untouched, no_digit = int(givens[0]), int(givens[1]), int(blanks[0])
+    preds = labels.astype(np.int64)
+    preds[changed] = 2 + (labels[changed] - 1) % 9  # another digit over a clue
+    preds[no_digit] = 0                              # the pad token: no digit
+    image = viz.render_sudoku(inputs, labels, preds)
+    plain = viz.render_sudoku(inputs, labels, labels)  # the same grid, all right
+    cell = viz.SUDOKU_CELL
+
+    def crop(picture, i, box):  # box relative to the cell's top-left grid line
+        r, c = divmod(i, 9)
+        x0, y0 = M + c * cell, M + r * cell
+        return np.asarray(picture.crop((x0 + box[0], y0 + box[1], x0 + box[2], y0 + box[3]))).reshape(-1, 3)
+
+    middle, top_right = (8, 8, cell - 8, cell - 6), (cell - cell // 4, 2, cell - 2, cell // 4)
+    # The clue keeps its grey cell and its own black digit: the middle of the cell is drawn as in the right grid.
+    assert np.array_equal(crop(image, changed, middle), crop(plain, changed, middle))
+    assert (crop(image, changed, (2, cell - 6, 6, cell - 2)) == viz.GIVEN_BG).all()
+    # ... and an orange triangle in its top-right corner, which an untouched clue does not have.
+    assert (crop(image, changed, top_right) == viz.CHANGED_GIVEN).all(axis=1).any()
+    assert not (crop(image, untouched, top_right) == viz.CHANGED_GIVEN).all(axis=1).any()
+    # The blank predicted as pad is a wrong filled cell showing a dot (red), not a digit.
+    assert (crop(image, no_digit, (2, cell - 6, 6, cell - 2)) == viz.WRONG_BG).all()
+    assert not (np.asarray(plain) == viz.CHANGED_GIVEN).all(axis=-1).any()
+    # The legend has the triangle too (below the grid).
+    legend = np.asarray(image)[M + 9 * cell + 1:].reshape(-1, 3)
+    assert (legend == viz.CHANGED_GIVEN).all(axis=1).any()
+
+
 def test_maze_draws_the_path_and_its_errors():
     question, answer = maze.generate_maze(np.random.default_rng(1), 10, 20)
     cell = viz.maze_cell_size(10)
@@ -133,18 +165,130 @@ def test_maze_draws_the_path_and_its_errors():
     assert image.width == 10 * cell + 1 + 2 * M
     assert np.array_equal(cell_centres(image, 10, 10, cell, M, M), expected)
     assert (answer == maze.PATH).sum() >= 19  # the path is there to be drawn
+    assert viz.maze_cell_size(30) == 16 and viz.render_maze(np.full(900, 2), np.full(900, 2)).width == 481 + 2 * M
 
-    path, opened = np.flatnonzero(answer.ravel() == maze.PATH), np.flatnonzero(answer.ravel() == maze.OPEN)
-    preds = answer.ravel().astype(np.int64)
+
+def maze_mistakes():
+    """A 10x10 maze and a prediction with every kind of mistake, S and G among them."""
+    question, answer = maze.generate_maze(np.random.default_rng(1), 10, 20)
+    flat = answer.ravel()
+    path, opened = np.flatnonzero(flat == maze.PATH), np.flatnonzero(flat == maze.OPEN)
+    start, goal = int(np.flatnonzero(flat == maze.START)[0]), int(np.flatnonzero(flat == maze.GOAL)[0])
+    preds = flat.astype(np.int64)
     preds[path[:3]] = maze.OPEN       # missed
     preds[opened[:2]] = maze.PATH     # predicted off the path
     preds[opened[2]] = maze.WALL      # another wrong token
-    image = viz.render_maze(question.ravel(), answer.ravel(), preds, title="row 0: wrong")
-    expected = expected.reshape(-1, 3)
-    expected[path[:3]], expected[opened[:2]], expected[opened[2]] = viz.MAZE_MISSED, viz.MAZE_EXTRA, viz.MAZE_OTHER
+    preds[start], preds[goal] = maze.PATH, maze.OPEN  # the model paints over S and G
+    cells = {"missed": path[:3], "extra": opened[:2], "other": opened[2:3], "right path": path[3:],
+             "start": [start], "goal": [goal]}
+    return question.ravel(), flat, preds, cells
+
+
+def test_maze_keeps_s_and_g_and_the_true_path_under_a_wrong_prediction():
+    question, answer, preds, cells = maze_mistakes()
+    cell = viz.maze_cell_size(10)
+    image = viz.render_maze(question, answer, preds, title=viz.example_title("maze", "puzzle 1", 7, answer, preds))
     top = M + viz.TITLE_HEIGHT
-    assert np.array_equal(np.reshape(cell_centres(image, 10, 10, cell, M, top), (-1, 3)), expected)
-    assert viz.maze_cell_size(30) == 16 and viz.render_maze(np.full(900, 2), np.full(900, 2)).width == 481 + 2 * M
+
+    def at(i, dx, dy):  # a pixel dx, dy from the top-left grid line of cell i
+        r, c = divmod(int(i), 10)
+        return pixel(image, M + c * cell + dx, top + r * cell + dy)
+
+    middle, edge = cell // 2, 2  # the middle of a cell; a pixel on its ring (inside the grid line)
+    assert at(cells["start"][0], middle, middle) == viz.MAZE_COLOURS[maze.START]
+    assert at(cells["goal"][0], middle, middle) == viz.MAZE_COLOURS[maze.GOAL]
+    assert at(cells["start"][0], edge, edge) == viz.MAZE_EXTRA      # S predicted as path: ringed
+    assert at(cells["goal"][0], edge, edge) == viz.MAZE_OTHER       # G predicted open: ringed
+    for i in cells["missed"]:  # the true path shows through the ring of a missed cell
+        assert at(i, middle, middle) == viz.MAZE_COLOURS[maze.PATH] and at(i, edge, edge) == viz.MAZE_MISSED
+    for i in cells["extra"]:   # predicted path on an open cell: the square in the middle, an orange ring
+        assert at(i, middle, middle) == viz.MAZE_PREDICTED and at(i, edge, edge) == viz.MAZE_EXTRA
+        assert at(i, cell // 4 - 2, middle) == viz.WHITE
+    for i in cells["other"]:
+        assert at(i, middle, middle) == viz.MAZE_COLOURS[maze.OPEN] and at(i, edge, edge) == viz.MAZE_OTHER
+    for i in cells["right path"]:  # right: the square on the light-blue fill, no ring
+        assert at(i, middle, middle) == viz.MAZE_PREDICTED and at(i, edge, edge) == viz.MAZE_COLOURS[maze.PATH]
+    # The legend below the grid shows every colour and mark.
+    legend = np.asarray(image)[top + 10 * cell + 1:].reshape(-1, 3)
+    for colour in (*viz.MAZE_COLOURS.values(), viz.MAZE_PREDICTED, viz.MAZE_EXTRA, viz.MAZE_MISSED, viz.MAZE_OTHER):
+        assert (legend == colour).all(axis=1).any(), colour
+
+
+def test_titles_say_what_and_whether_right(sudoku_data):
+    inputs, labels = load(sudoku_data, "test", "inputs")[0], load(sudoku_data, "test", "labels")[0]
+    preds = torch.from_numpy(labels.astype(np.int64))
+    assert viz.example_title("sudoku", "puzzle 17", 1200, labels, preds) == "sudoku · puzzle 17 · step 1200 · right"
+    preds[:3] = 1
+    assert viz.example_title("sudoku", "puzzle 17", 1200, labels, preds) == \
+        "sudoku · puzzle 17 · step 1200 · wrong: 3 of 81 cells"
+    assert viz.example_title("sudoku", "puzzle 17", None, labels, None) == "sudoku · puzzle 17"  # no step, no model
+    ignored = np.where(np.arange(81) < 2, IGNORE_LABEL_ID, labels.astype(np.int64))  # ignored cells are not counted
+    assert viz.verdict(ignored, preds) == "wrong: 1 of 79 cells"
+    grid = grid_to_tokens(np.eye(3, dtype=int))
+    examples = {"sudoku": (inputs, labels), "maze": maze.generate_maze(np.random.default_rng(0), 8, 10), "arc": (grid, grid)}
+    for task, (inp, lab) in examples.items():
+        inp, lab = np.ravel(inp), np.ravel(lab)
+        title = viz.example_title(task, "puzzle 3", 10, lab, lab)
+        untitled, titled = viz.render_example(task, inp, lab, lab), viz.render_example(task, inp, lab, lab, title)
+        assert titled.height == untitled.height + viz.TITLE_HEIGHT, task
+        title_strip = np.asarray(titled)[M:M + viz.TITLE_HEIGHT].reshape(-1, 3)
+        assert (np.abs(title_strip.astype(int) - viz.TEXT).max(axis=1) <= 40).any(), task  # text in the strip
+    long_title = viz.example_title("maze", "a rather long puzzle name " * 3, 123456, lab, lab)
+    assert viz.render_example("maze", inp, lab, lab, long_title).width > viz.render_example("maze", inp, lab, lab).width
+
+
+def test_eval_pictures_are_titled_with_the_step():
+    question, answer = maze.generate_maze(np.random.default_rng(0), 6, 6)
+    inputs = torch.from_numpy(np.stack([question.ravel(), question.ravel()]).astype(np.int64))
+    labels = np.stack([np.full(36, IGNORE_LABEL_ID), answer.ravel()])  # row 0: padding
+    labels = torch.from_numpy(labels.astype(np.int64))
+    pictures = viz.EvalPictures("maze", count=1)
+    pictures.update_batch({"inputs": inputs, "labels": labels}, {"preds": labels.clamp(min=0)})
+    with_step, without = pictures.images(step=40)["eval/example_0"], pictures.images()["eval/example_0"]
+    assert with_step.size == without.size and not np.array_equal(np.asarray(with_step), np.asarray(without))
+    assert pictures.rows[0][0] == 1  # titled "maze · test row 1 · step 40 · right"
+
+
+def test_segments_make_one_frame_each_a_gif_and_a_strip(tmp_path):
+    question, flat, preds, _ = maze_mistakes()
+    title = viz.example_title("maze", "puzzle 1", 7, flat, None)
+    lengths = {}
+    for steps in (1, 3, 6):
+        answers = np.stack([preds if t < steps - 1 else flat for t in range(steps)])  # right at the last segment
+        q_halt = torch.linspace(-3, 3, steps)
+        frames = viz.render_segments("maze", question, flat, torch.from_numpy(answers), q_halt, title)
+        assert len(frames) == steps and len({f.size for f in frames}) == 1
+        gif, strip = viz.save_segments(frames, tmp_path / f"row_{steps}")
+        assert (gif.name, strip.name) == (f"row_{steps}.gif", f"row_{steps}_strip.png")
+        with Image.open(gif) as animation:
+            assert animation.n_frames == steps and animation.info.get("loop") == 0
+            durations = []
+            for t in range(steps):
+                animation.seek(t)
+                durations.append(animation.info["duration"])
+        assert durations[-1] == viz.LAST_FRAME_MS and set(durations[:-1]) <= {viz.FRAME_MS}
+        with Image.open(strip) as picture:
+            lengths[steps] = picture.width
+            assert picture.height == frames[0].height
+    assert lengths[1] < lengths[3] < lengths[6] == 6 * frames[0].width + 5 * viz.STRIP_GAP
+    wide = viz.render_segments("maze", question, flat, np.stack([flat] * 20), np.zeros(20, np.float32))
+    _, strip = viz.save_segments(wide, tmp_path / "wide")
+    with Image.open(strip) as picture:
+        assert picture.width == viz.STRIP_MAX_WIDTH and picture.height < wide[0].height  # scaled down
+    with pytest.raises(viz.VisualizationError, match=r"segment predictions must be \[T >= 1, 100\] integer tokens"):
+        viz.render_segments("maze", question, flat, np.zeros((0, 100), np.int64), np.zeros(0, np.float32))
+    with pytest.raises(viz.VisualizationError, match=r"segment q_halt must be \[2\] floats"):
+        viz.render_segments("maze", question, flat, np.stack([flat, flat]), np.zeros(3, np.float32))
+
+
+def test_segment_titles():
+    question, flat, preds, _ = maze_mistakes()
+    frames = viz.render_segments("maze", question, flat, np.stack([preds, flat]), np.array([0.0, 2.5]),
+                                 "maze · puzzle 1")
+    # the titles differ (segment number, confidence, verdict): the title strips differ
+    strips = [np.asarray(f)[:M + viz.TITLE_HEIGHT] for f in frames]
+    assert not np.array_equal(*strips)
+    assert viz.verdict(flat, preds) == "wrong: 8 of 100 cells" and viz.verdict(flat, flat) == "right"
 
 
 def test_arc_panels_use_the_arc_palette():
@@ -207,7 +351,7 @@ def test_gallery_of_a_dataset_lists_every_picture(maze_data, tmp_path):
     index = viz.write_gallery(maze_data, tmp_path / "pics", split="train", num=2)
     pngs = {p.name for p in (tmp_path / "pics").glob("*.png")}
     assert listed_pngs(index) == pngs == {"train_all_0000000.png", "train_all_0000008.png"}  # groups of 8 augmentations
-    assert "train example 8: puzzle 8 (&lt;blank&gt;), group 1" in index.read_text()
+    assert "train example 8: puzzle 8, group 1" in index.read_text()  # the blank name is not shown
     index = viz.write_gallery(maze_data, tmp_path / "all", num=100)  # more than there are: all 5 test mazes
     assert len(listed_pngs(index)) == 5 == len(list((tmp_path / "all").glob("*.png")))
 
@@ -235,7 +379,9 @@ def test_gallery_of_outputs_marks_right_and_wrong(sudoku_data, tmp_path):
     page = index.read_text()
     assert listed_pngs(index) == {p.name for p in (tmp_path / "pics").glob("*.png")} == \
         {"output_0000000.png", "output_0000001.png", "output_0000002.png"}  # rank order; padding row 3 skipped
-    assert "row 0 (&lt;blank&gt;): correct" in page and "row 1 (&lt;blank&gt;): wrong (2 cells)" in page
+    assert "sudoku · puzzle 0 · step 5 · right" in page
+    assert "sudoku · puzzle 1 · step 5 · wrong: 2 of 81 cells" in page
+    assert "blank" not in page
     assert "exact accuracy 66.7% over 3 rows (2 correct)" in page
 
 
@@ -249,7 +395,7 @@ def test_gallery_of_arc_outputs(tmp_path):
     save_outputs(tmp_path / "out.pt", inputs, labels_ignored, np.stack([labels[0], np.zeros(900)]), ids=[1, 1])
     index = viz.write_gallery(tmp_path / "arc", tmp_path / "pics", outputs=[tmp_path / "out.pt"])
     page = index.read_text()
-    assert "arc:" in page and "row 0 (task_a): correct" in page and "row 1 (task_a): wrong" in page
+    assert "arc:" in page and "arc · row 0 (task_a) · right" in page and "arc · row 1 (task_a) · wrong: " in page
     assert len(listed_pngs(index)) == 2
 
 
@@ -259,6 +405,38 @@ def run_cli(monkeypatch, capsys, *argv):
         runpy.run_path(str(REPO / "scripts" / "visualize.py"), run_name="__main__")
     captured = capsys.readouterr()
     return info.value.code, captured.out, captured.err
+
+
+def test_cli_draws_the_segments_of_saved_outputs(maze_data, tmp_path, monkeypatch, capsys):
+    inputs, labels = load(maze_data, "test", "inputs")[:2], load(maze_data, "test", "labels")[:2]
+    path = tmp_path / "step_40_all_preds.0"
+    save_outputs(path, inputs, labels, labels)
+    outputs = torch.load(path, weights_only=True)
+    steps = 4
+    wrong = np.where(labels == maze.PATH, maze.OPEN, labels)  # the path not found yet
+    segment_preds = np.stack([np.stack([wrong[i]] * (steps - 1) + [labels[i]]) for i in range(2)])
+    outputs["segment_preds"] = torch.as_tensor(segment_preds, dtype=torch.int64)      # [N, T, S]
+    outputs["segment_q_halt"] = torch.linspace(-2, 2, steps).repeat(2, 1)             # [N, T]
+    torch.save(outputs, path)
+    code, out, _ = run_cli(monkeypatch, capsys, "--data-path", maze_data, "--outputs", path, "--out", tmp_path / "pics")
+    assert code == 0, out
+    pics = tmp_path / "pics"
+    for row in (0, 1):
+        with Image.open(pics / f"output_{row:07d}_segments.gif") as gif:
+            assert gif.n_frames == steps
+        assert (pics / f"output_{row:07d}_segments_strip.png").is_file()
+    page = (pics / "index.html").read_text()
+    assert 'src="output_0000001_segments.gif"' in page and 'href="output_0000001_segments_strip.png"' in page
+    assert "maze · puzzle 1 · step 40 · right" in page
+
+    del outputs["segment_q_halt"]
+    torch.save(outputs, path)
+    code, _, err = run_cli(monkeypatch, capsys, "--data-path", maze_data, "--outputs", path, "--out", tmp_path / "x")
+    assert code == 2 and "error: the outputs hold 'segment_preds' but not 'segment_q_halt'" in err
+    outputs["segment_q_halt"] = torch.zeros(2, steps + 1)
+    torch.save(outputs, path)
+    code, _, err = run_cli(monkeypatch, capsys, "--data-path", maze_data, "--outputs", path, "--out", tmp_path / "x")
+    assert code == 2 and "error: outputs 'segment_preds' must be integer [N, T, 100] and 'segment_q_halt' float" in err
 
 
 def test_cli_end_to_end_and_bad_input(maze_data, tmp_path, monkeypatch, capsys):

@@ -13,7 +13,8 @@ Follows TRM ``evaluators/arc.py`` (class ``ARC``), and gives its numbers exactly
 3. A test pair passes at K when the true output is among the top K answers. A task scores the
    fraction of its test pairs that pass; a pair or task with no prediction scores 0. pass@K is the
    mean over all tasks of ``test_puzzles.json``, reported as ``ARC/pass@K`` (K = 1, 2, 5, 10, 100, 1000;
-   the papers publish pass@2).
+   the papers publish pass@2), each with its 95% Wilson interval over the tasks (``ARC/pass@K_ci95_low``
+   / ``_high``, :func:`pass_at_k_intervals`) and the number of tasks as ``ARC/tasks``.
 4. ``submission.json`` (ARC Prize format): ``{task: [{"attempt_1": grid, "attempt_2": grid}, ...]}``,
    one entry per test input in order, the two best answers, the first repeated when there is only one.
    Where the reference writes nothing for a test input without predictions (an empty list for a task
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -46,12 +48,14 @@ from utils.data.arc import (GRID_SIZE, SEQ_LEN, COLOUR_OFFSET, crop_shapes, grid
 from utils.data.common import inverse_dihedral
 from utils.data.puzzle_dataset import DatasetError, load_metadata
 from utils.eval.outputs import OutputsError, load_outputs
+from utils.eval.stats import with_interval
 from utils.outputs import write_atomically
 
 log = logging.getLogger(__name__)
 
 PASS_KS = (1, 2, 5, 10, 100, 1000)
 PLACEHOLDER = [[0]]  # attempt written for a test input without any prediction
+PASS_KEY = re.compile(r"ARC/pass@\d+")  # a pass@K fraction among the metrics (not its interval fields)
 
 
 def rank_answers(votes: dict[bytes, list[float]]) -> list[tuple[bytes, int, float]]:
@@ -71,6 +75,26 @@ def rank_answers(votes: dict[bytes, list[float]]) -> list[tuple[bytes, int, floa
     return sorted(stats, key=lambda s: (s[1], s[2]), reverse=True)
 
 
+def pass_at_k_intervals(metrics: dict[str, float], n_tasks: int) -> dict[str, float]:
+    """``metrics`` with the 95% Wilson interval of each ``ARC/pass@K`` over ``n_tasks``, and ``ARC/tasks``.
+
+    A task scores the fraction of its test inputs that pass, so pass@K * n_tasks is a number of
+    successes only where every task has one test input. The interval treats each task's score as a
+    proportion of one trial; for tasks with several test inputs (partial credit) that is an
+    approximation (:func:`utils.eval.stats.wilson_interval`).
+
+    Args:
+        metrics: ``{"ARC/pass@K": fraction}``.
+        n_tasks: the number of tasks the fractions are means over.
+    Returns:
+        a new dict: each ``ARC/pass@K`` followed by ``ARC/pass@K_ci95_low`` and ``ARC/pass@K_ci95_high``,
+        then ``ARC/tasks`` (float ``n_tasks``).
+    """
+    for key in [key for key in metrics if PASS_KEY.fullmatch(key)]:
+        metrics = with_interval(metrics, key, n_tasks)
+    return {**metrics, "ARC/tasks": float(n_tasks)}
+
+
 def write_json(path: Path, obj, what: str) -> None:
     """Write ``obj`` as JSON to ``path`` atomically; ``what`` names the file in an error.
 
@@ -85,7 +109,8 @@ def write_results(metrics: dict[str, float], submission: dict, submission_path: 
     """Write the ARC Prize ``submission.json`` and the ``{"pass@1": ..., "pass@2": ...}`` report where asked.
 
     Args:
-        metrics: {"ARC/pass@K": fraction}, as :meth:`ARC.score` returns.
+        metrics: {"ARC/pass@K": fraction, ...}, as :meth:`ARC.score` returns; the report holds the pass@K
+            fractions only (not their intervals or the task count).
         submission_path, report_path: where to write each; None or "" writes none.
     Raises:
         OutputWriteError: a write failed; no partial file is left.
@@ -93,7 +118,8 @@ def write_results(metrics: dict[str, float], submission: dict, submission_path: 
     if submission_path:
         write_json(Path(submission_path), submission, "ARC submission")
     if report_path:
-        write_json(Path(report_path), {key.split("/", 1)[1]: value for key, value in metrics.items()}, "pass@K report")
+        report = {key.split("/", 1)[1]: value for key, value in metrics.items() if PASS_KEY.fullmatch(key)}
+        write_json(Path(report_path), report, "pass@K report")
 
 
 class ARC:
@@ -212,7 +238,8 @@ class ARC:
         """pass@K and the submission from every rank's (grids, votes), rank 0 first (default: this process's only).
 
         Returns:
-            ({"ARC/pass@K": fraction}, submission {task: [{"attempt_1": grid, ...}, ...]}).
+            ({"ARC/pass@K": fraction, its interval fields, "ARC/tasks": n} (:func:`pass_at_k_intervals`),
+            submission {task: [{"attempt_1": grid, ...}, ...]}).
         """
         gathered = [(self._grids, self._votes)] if gathered is None else gathered
         correct = np.zeros(len(self.pass_ks))
@@ -241,7 +268,7 @@ class ARC:
             log.warning("ARC: %d of %d test inputs have no prediction (scored 0)", no_prediction,
                         sum(len(p) for p in self.test_pairs.values()))
         metrics = {f"ARC/pass@{k}": float(c / len(self.test_pairs)) for k, c in zip(self.pass_ks, correct)}
-        return metrics, submission
+        return pass_at_k_intervals(metrics, len(self.test_pairs)), submission
 
     def result(self, save_path: str | os.PathLike | None, rank: int, world_size: int,
                group: dist.ProcessGroup | None = None) -> dict[str, float] | None:
@@ -250,7 +277,7 @@ class ARC:
         With ``world_size > 1`` this is a collective (``torch.distributed.gather_object``): call it on every rank.
 
         Returns:
-            {"ARC/pass@K": fraction} on rank 0, None on the other ranks.
+            the metrics of :meth:`score` on rank 0, None on the other ranks.
         Raises:
             OutputWriteError: writing ``submission.json`` failed; no partial file is left.
         """
@@ -278,7 +305,7 @@ def score_outputs(files, data_path: str | os.PathLike, submission_path: str | os
         submission_path: write the ARC Prize ``submission.json`` here.
         report_path: write ``{"pass@1": ..., "pass@2": ..., ...}`` here.
     Returns:
-        {"ARC/pass@K": fraction}.
+        the metrics of :meth:`ARC.score`.
     Raises:
         OutputsError: bad or mismatched outputs files, or files without the keys ARC needs.
         DatasetError: a missing or malformed dataset.

@@ -20,6 +20,7 @@ from models.losses import puzzle_metrics
 from utils.data.puzzle_dataset import PuzzleDataset
 from utils.distributed import Dist
 from utils.eval.reasoning import TestTimeCompute, reason
+from utils.eval.stats import with_interval
 
 
 def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[str, float]]:
@@ -55,7 +56,9 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
     Returns:
         ``{metric: value}`` with ``accuracy``, ``exact_accuracy``, ``blank_accuracy``, ``q_halt_accuracy``,
         ``steps`` (mean segments used) and the losses, each divided by the number of real examples, and
-        ``count``, that number; an empty dict on ranks other than 0.
+        ``count``, that number; after ``exact_accuracy``, its 95% Wilson interval over ``count`` examples
+        (``exact_accuracy_ci95_low`` / ``_high``, :func:`utils.eval.stats.wilson_interval`; it takes the
+        examples as independent, which augmented copies of one puzzle are not). An empty dict on ranks other than 0.
     """
     head.eval()
     sums: dict[str, torch.Tensor] = {}
@@ -85,4 +88,4 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
     count = max(reduced.pop("count", 0.0), 1.0)
     out = {k: v / count for k, v in reduced.items()}
     out["count"] = count
-    return out
+    return with_interval(out, "exact_accuracy", count) if "exact_accuracy" in out else out
