@@ -363,7 +363,7 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
         elapsed = state.clock.elapsed_s()
         metrics.log(state.step, {f"eval/{k}": v for k, v in results.items()} | {"eval/elapsed_s": elapsed})
         if pictures is not None:
-            metrics.log_images(state.step, pictures.images())
+            metrics.log_images(state.step, pictures.images(state.step))
         tqdm.write(f"step {state.step} eval ({elapsed:.0f} s into the run): "
                    + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
     return results
