@@ -37,7 +37,7 @@ from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP10
                               collate_episodes, load_mp100, load_split)
 from utils.device import bf16_support, configure_backends
 from utils.distributed import Dist, any_rank, main_decides
-from utils.eval.pck import EpisodeEvaluator, copy_support_baseline, crop_to_original, protocol_episodes
+from utils.eval.pck import EpisodeEvaluator, copy_support_baseline, crop_to_original, pck_field, protocol_episodes
 from utils.hardware_optimizer import resolve_hardware_profile
 from utils.outputs import check_writable_file
 from utils.run.checkpoint import CheckpointError, safe_load
@@ -163,7 +163,8 @@ def build_parser() -> ArgumentParser:
     add(g, "--eval_only", "evaluate the checkpoint --resume names with the papers' protocol; no training",
         action=on_off)
     add(g, "--eval_set", "which unseen categories", choices=("val", "test"))
-    add(g, "--predictions_out", "one JSON line per evaluated query (category_id, support_ids, query_id, pred, pck)")
+    add(g, "--predictions_out", "one JSON line per evaluated query (category_id, support_ids, query_id, pred, "
+                                "PCK@0.2_percent)")
     add(g, "--report_out", "where pck_report.json goes (default: beside --predictions_out, else the current folder)")
     return p
 
@@ -385,17 +386,20 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
 
 
 def validate(state: CapeTrainState, split, loader, device, args, metrics: MetricsWriter, rank: Dist) -> bool:
-    """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved."""
+    """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved.
+
+    Logs ``val/PCK@0.2_percent`` and ``val/copy_support_PCK@0.2_percent`` (percent), ``val/elapsed_s`` and the
+    epoch, and the picture ``val/poses`` of the first batch."""
     improved = False
     if rank.is_main:
         ours, baseline, first = evaluate(state.model, split, loader, state.amp, device, args, "val")
         pck = 100 * ours.pck()
         improved = state.best.improved(pck, state.step)
-        metrics.log(state.step, {"val/PCK@0.2": pck, "val/copy_support_PCK@0.2": 100 * baseline.pck(),
+        metrics.log(state.step, {f"val/{pck_field()}": pck, f"val/copy_support_{pck_field()}": 100 * baseline.pck(),
                                  "val/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"]})
         if first is not None:
             metrics.log_images(state.step, {"val/poses": pose_grid(*first)})
-        log.info("epoch %d: val PCK@0.2 %.2f (copy-support %.2f, %d queries)%s; %.0fs elapsed",
+        log.info("epoch %d: val PCK@0.2 %.2f%% (copy-support %.2f%%, %d queries)%s; %.0fs elapsed",
                  state.position.value["epoch"], pck, 100 * baseline.pck(), len(ours.records),
                  " new best" if improved else "", state.clock.elapsed_s())
     improved, best = main_decides((improved, state.best.state_dict()), rank)
@@ -404,15 +408,17 @@ def validate(state: CapeTrainState, split, loader, device, args, metrics: Metric
 
 
 def test(state: CapeTrainState, split, device, args, metrics: MetricsWriter, run_path: Path) -> None:
-    """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run."""
+    """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run and logs
+    ``test/PCK@0.2_percent`` and ``test/copy_support_PCK@0.2_percent`` (percent)."""
     best = run_path / "best.pt"
     if best.is_file():
         state.model.load_state_dict(safe_load(best, map_location=device)["model"])
     ours, baseline, _ = evaluate(state.model, split, eval_loader(split, "test", args, device), state.amp, device, args,
                                  "test")
-    metrics.log(state.step, {"test/PCK@0.2": 100 * ours.pck(), "test/copy_support_PCK@0.2": 100 * baseline.pck()})
+    metrics.log(state.step, {f"test/{pck_field()}": 100 * ours.pck(),
+                             f"test/copy_support_{pck_field()}": 100 * baseline.pck()})
     ours.write_report(run_path / "pck_report.json")
-    log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f, copy-support baseline %.2f; %.0fs in all",
+    log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f%%, copy-support baseline %.2f%%; %.0fs in all",
              len(ours.records), "best val checkpoint" if best.is_file() else "last weights", 100 * ours.pck(),
              100 * baseline.pck(), state.clock.elapsed_s())
 
@@ -530,7 +536,7 @@ def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
     ours, baseline, _ = evaluate(model, split, eval_loader(split, args.eval_set, args, device), amp, device, args,
                                  args.eval_set)
     print(ours.format_table())
-    print(f"copy-the-support baseline: {100 * baseline.pck():.2f}")
+    print(f"copy-the-support baseline: {100 * baseline.pck():.2f}%")
     if args.predictions_out:
         ours.write_predictions(args.predictions_out)
         log.info("predictions: %s (%d queries)", args.predictions_out, len(ours.records))
