@@ -37,7 +37,8 @@ from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP10
                               collate_episodes, load_mp100, load_split)
 from utils.device import bf16_support, configure_backends
 from utils.distributed import Dist, any_rank, main_decides
-from utils.eval.pck import EpisodeEvaluator, copy_support_baseline, crop_to_original, pck_field, protocol_episodes
+from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, crop_to_original, evaluation_mask,
+                            pck_field, protocol_episodes)
 from utils.hardware_optimizer import resolve_hardware_profile
 from utils.outputs import check_writable_file
 from utils.run.checkpoint import CheckpointError, safe_load
@@ -389,7 +390,7 @@ def validate(state: CapeTrainState, split, loader, device, args, metrics: Metric
     """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved.
 
     Logs ``val/PCK@0.2_percent`` and ``val/copy_support_PCK@0.2_percent`` (percent), ``val/elapsed_s`` and the
-    epoch, and the picture ``val/poses`` of the first batch."""
+    epoch, and the picture ``val/poses`` of the first batch (category names, per-query PCK in percent)."""
     improved = False
     if rank.is_main:
         ours, baseline, first = evaluate(state.model, split, loader, state.amp, device, args, "val")
@@ -398,7 +399,13 @@ def validate(state: CapeTrainState, split, loader, device, args, metrics: Metric
         metrics.log(state.step, {f"val/{pck_field()}": pck, f"val/copy_support_{pck_field()}": 100 * baseline.pck(),
                                  "val/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"]})
         if first is not None:
-            metrics.log_images(state.step, {"val/poses": pose_grid(*first)})
+            batch, pred = first
+            query_pck = batch_pck(crop_to_original(pred, batch["query_crop_to_orig"], args.image_size),
+                                  batch["query_keypoints_orig"], batch["query_bbox_size"],
+                                  evaluation_mask(batch["query_visible"], batch["support_visible"], batch["keypoint_mask"]))
+            names = {cid: category.name for cid, category in split.categories.items()}
+            metrics.log_images(state.step, {"val/poses": pose_grid(batch, pred, category_names=names,
+                                                                   query_pck=100 * query_pck)})
         log.info("epoch %d: val PCK@0.2 %.2f%% (copy-support %.2f%%, %d queries)%s; %.0fs elapsed",
                  state.position.value["epoch"], pck, 100 * baseline.pck(), len(ours.records),
                  " new best" if improved else "", state.clock.elapsed_s())
