@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from models.cape import BACKBONES, MODELS, build_model, init_backbone_weights
+from models.cape.checkpoint import load_trained, model_record
 from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
 from utils.config import ConfigError, check_number
 from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
@@ -41,7 +42,7 @@ from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, 
                             pck_field, protocol_episodes)
 from utils.hardware_optimizer import resolve_hardware_profile
 from utils.outputs import check_writable_file
-from utils.run.checkpoint import CheckpointError, safe_load
+from utils.run.checkpoint import safe_load
 from utils.run.checkpointer import Best, Checkpointer
 from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main
@@ -440,18 +441,6 @@ def log_train_point(state: CapeTrainState, metrics: MetricsWriter, bar) -> None:
     bar.set_postfix(loss=f"{values['train/loss']:.4f}", lr=f"{values['train/lr']:.2e}")
 
 
-# ---- checkpoints -----------------------------------------------------------------------------------------
-
-def model_record(name: str, model) -> dict:
-    return {"model": name, **dataclasses.asdict(model.cfg)}
-
-
-def build_from_record(record: dict):
-    """The model and loss a checkpoint's ``architecture`` describes."""
-    settings = dict(record)
-    return build_model(settings.pop("model"), **settings)
-
-
 # ---- data -------------------------------------------------------------------------------------------------
 
 def make_loader(dataset: EpisodeDataset, batch_size: int, args, device: torch.device, seed: int) -> DataLoader:
@@ -529,14 +518,9 @@ def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
     if args.predictions_out:
         check_writable_file(args.predictions_out, "--predictions_out")
     check_writable_file(report, "--report_out")
-    checkpoint = Path(args.resume)
-    payload = safe_load(checkpoint, map_location="cpu")
-    if not isinstance(payload, dict) or "architecture" not in payload or "model" not in payload:
-        raise CheckpointError(f"{checkpoint} was not written by models.train_cape_episodic (no architecture record)")
-    model, _ = build_from_record(payload["architecture"])
-    model.load_state_dict(payload["model"])
+    model, architecture = load_trained(args.resume)
     model.to(device)
-    args.model, args.image_size = payload["architecture"]["model"], payload["architecture"]["image_size"]
+    args.model, args.image_size = architecture["model"], architecture["image_size"]
     split = load_split(annotation_path(args.data_root, args.split, args.eval_set), Path(args.data_root) / "images")
     amp = amp_policy(device, args.use_amp)
     plan.log()
