@@ -64,7 +64,8 @@ class Marks:
 
     @property
     def font_size(self) -> int:
-        return max(10, round(self.tile / 13))
+        """Text height: a thirteenth of the tile, within 10..18 pixels (readable, not dominating a large tile)."""
+        return min(18, max(10, round(self.tile / 13)))
 
     @property
     def gap(self) -> int:
