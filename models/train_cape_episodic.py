@@ -31,16 +31,18 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from models.cape import BACKBONES, MODELS, build_model, init_backbone_weights
+from models.cape.checkpoint import load_trained, model_record
 from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
 from utils.config import ConfigError, check_number
 from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
                               collate_episodes, load_mp100, load_split)
 from utils.device import bf16_support, configure_backends
 from utils.distributed import Dist, any_rank, main_decides
-from utils.eval.pck import EpisodeEvaluator, copy_support_baseline, crop_to_original, protocol_episodes
+from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, crop_to_original, evaluation_mask,
+                            pck_field, protocol_episodes)
 from utils.hardware_optimizer import resolve_hardware_profile
 from utils.outputs import check_writable_file
-from utils.run.checkpoint import CheckpointError, safe_load
+from utils.run.checkpoint import safe_load
 from utils.run.checkpointer import Best, Checkpointer
 from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main
@@ -163,7 +165,8 @@ def build_parser() -> ArgumentParser:
     add(g, "--eval_only", "evaluate the checkpoint --resume names with the papers' protocol; no training",
         action=on_off)
     add(g, "--eval_set", "which unseen categories", choices=("val", "test"))
-    add(g, "--predictions_out", "one JSON line per evaluated query (category_id, support_ids, query_id, pred, pck)")
+    add(g, "--predictions_out", "one JSON line per evaluated query (category_id, support_ids, query_id, pred, "
+                                "PCK@0.2_percent)")
     add(g, "--report_out", "where pck_report.json goes (default: beside --predictions_out, else the current folder)")
     return p
 
@@ -270,7 +273,7 @@ class CapeTrainState(TrainState):
                  amp: AmpPolicy, clock: Clock, log_interval: int, rank: Dist):
         self.model, self.trained, self.loss_fn, self.optimizer, self.scaler = model, trained, loss_fn, optimizer, scaler
         self.schedule, self.guard, self.amp, self.clock = schedule, guard, amp, clock
-        self.window, self.position, self.best = MetricsWindow(log_interval), Value({"epoch": 0, "episode": 0}), Best("PCK@0.2")
+        self.window, self.position, self.best = MetricsWindow(log_interval), Value({"epoch": 0, "episode": 0}), Best(pck_field())
         parts = {"model": model, "optimizer": optimizer, "guard": guard, "window": self.window, "clock": clock,
                  "position": self.position, "best": self.best}
         if scaler is not None:
@@ -385,33 +388,44 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
 
 
 def validate(state: CapeTrainState, split, loader, device, args, metrics: MetricsWriter, rank: Dist) -> bool:
-    """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved."""
+    """Validation on rank 0 (the papers' protocol); every rank gets rank 0's verdict on whether it improved.
+
+    Logs ``val/PCK@0.2_percent`` and ``val/copy_support_PCK@0.2_percent`` (percent), ``val/elapsed_s`` and the
+    epoch, and the picture ``val/poses`` of the first batch (category names, per-query PCK in percent)."""
     pck = None
     if rank.is_main:
         ours, baseline, first = evaluate(state.model, split, loader, state.amp, device, args, "val")
         pck = 100 * ours.pck()
-        metrics.log(state.step, {"val/PCK@0.2": pck, "val/copy_support_PCK@0.2": 100 * baseline.pck(),
+        metrics.log(state.step, {f"val/{pck_field()}": pck, f"val/copy_support_{pck_field()}": 100 * baseline.pck(),
                                  "val/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"]})
         if first is not None:
-            metrics.log_images(state.step, {"val/poses": pose_grid(*first)})
+            batch, pred = first
+            query_pck = batch_pck(crop_to_original(pred, batch["query_crop_to_orig"], args.image_size),
+                                  batch["query_keypoints_orig"], batch["query_bbox_size"],
+                                  evaluation_mask(batch["query_visible"], batch["support_visible"], batch["keypoint_mask"]))
+            names = {cid: category.name for cid, category in split.categories.items()}
+            metrics.log_images(state.step, {"val/poses": pose_grid(batch, pred, category_names=names,
+                                                                   query_pck=100 * query_pck)})
     improved = state.best.update(pck, state.step, rank)
     if rank.is_main:
-        log.info("epoch %d: val PCK@0.2 %.2f (copy-support %.2f, %d queries)%s; %.0fs elapsed",
+        log.info("epoch %d: val PCK@0.2 %.2f%% (copy-support %.2f%%, %d queries)%s; %.0fs elapsed",
                  state.position.value["epoch"], pck, 100 * baseline.pck(), len(ours.records),
                  " new best" if improved else "", state.clock.elapsed_s())
     return improved
 
 
 def test(state: CapeTrainState, split, device, args, metrics: MetricsWriter, run_path: Path) -> None:
-    """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run."""
+    """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run and logs
+    ``test/PCK@0.2_percent`` and ``test/copy_support_PCK@0.2_percent`` (percent)."""
     best = run_path / "best.pt"
     if best.is_file():
         state.model.load_state_dict(safe_load(best, map_location=device)["model"])
     ours, baseline, _ = evaluate(state.model, split, eval_loader(split, "test", args, device), state.amp, device, args,
                                  "test")
-    metrics.log(state.step, {"test/PCK@0.2": 100 * ours.pck(), "test/copy_support_PCK@0.2": 100 * baseline.pck()})
+    metrics.log(state.step, {f"test/{pck_field()}": 100 * ours.pck(),
+                             f"test/copy_support_{pck_field()}": 100 * baseline.pck()})
     ours.write_report(run_path / "pck_report.json")
-    log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f, copy-support baseline %.2f; %.0fs in all",
+    log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f%%, copy-support baseline %.2f%%; %.0fs in all",
              len(ours.records), "best val checkpoint" if best.is_file() else "last weights", 100 * ours.pck(),
              100 * baseline.pck(), state.clock.elapsed_s())
 
@@ -424,18 +438,6 @@ def log_train_point(state: CapeTrainState, metrics: MetricsWriter, bar) -> None:
                    "train/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"] + 1})
     metrics.log(state.step, values)
     bar.set_postfix(loss=f"{values['train/loss']:.4f}", lr=f"{values['train/lr']:.2e}")
-
-
-# ---- checkpoints -----------------------------------------------------------------------------------------
-
-def model_record(name: str, model) -> dict:
-    return {"model": name, **dataclasses.asdict(model.cfg)}
-
-
-def build_from_record(record: dict):
-    """The model and loss a checkpoint's ``architecture`` describes."""
-    settings = dict(record)
-    return build_model(settings.pop("model"), **settings)
 
 
 # ---- data -------------------------------------------------------------------------------------------------
@@ -515,21 +517,16 @@ def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
     if args.predictions_out:
         check_writable_file(args.predictions_out, "--predictions_out")
     check_writable_file(report, "--report_out")
-    checkpoint = Path(args.resume)
-    payload = safe_load(checkpoint, map_location="cpu")
-    if not isinstance(payload, dict) or "architecture" not in payload or "model" not in payload:
-        raise CheckpointError(f"{checkpoint} was not written by models.train_cape_episodic (no architecture record)")
-    model, _ = build_from_record(payload["architecture"])
-    model.load_state_dict(payload["model"])
+    model, architecture = load_trained(args.resume)
     model.to(device)
-    args.model, args.image_size = payload["architecture"]["model"], payload["architecture"]["image_size"]
+    args.model, args.image_size = architecture["model"], architecture["image_size"]
     split = load_split(annotation_path(args.data_root, args.split, args.eval_set), Path(args.data_root) / "images")
     amp = amp_policy(device, args.use_amp)
     plan.log()
     ours, baseline, _ = evaluate(model, split, eval_loader(split, args.eval_set, args, device), amp, device, args,
                                  args.eval_set)
     print(ours.format_table())
-    print(f"copy-the-support baseline: {100 * baseline.pck():.2f}")
+    print(f"copy-the-support baseline: {100 * baseline.pck():.2f}%")
     if args.predictions_out:
         ours.write_predictions(args.predictions_out)
         log.info("predictions: %s (%d queries)", args.predictions_out, len(ours.records))

@@ -48,23 +48,29 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def report(records: list[dict]) -> str:
-    """A table of every validation and the final test, and whether PCK rose above its first value."""
-    val = [r for r in records if "val/PCK@0.2" in r]
-    test = [r for r in records if "test/PCK@0.2" in r]
+    """A table of every validation and the final test, and whether PCK rose above its first value.
+
+    ``records`` are metrics.jsonl lines; PCK is read from ``val/PCK@0.2_percent``, ``test/PCK@0.2_percent`` and
+    their ``copy_support_`` twins, in percent, as the trainer logs them."""
+    val = [r for r in records if "val/PCK@0.2_percent" in r]
+    test = [r for r in records if "test/PCK@0.2_percent" in r]
     if not val:
         return "no validation was logged"
     lines = [f"{'epoch':>5} {'minutes':>8} {'PCK@0.2':>8} {'copy-support':>12} {'ratio':>6}"]
     for r in val:
-        base = r["val/copy_support_PCK@0.2"]
-        lines.append(f"{r['epoch']:>5} {r['val/elapsed_s'] / 60:>8.1f} {r['val/PCK@0.2']:>8.2f} {base:>12.2f} "
-                     f"{r['val/PCK@0.2'] / base if base else float('nan'):>6.2f}")
-    first, best = val[0]["val/PCK@0.2"], max(r["val/PCK@0.2"] for r in val)
-    lines.append(f"val (unseen categories): first {first:.2f}, best {best:.2f}, last {val[-1]['val/PCK@0.2']:.2f}; "
+        base = r["val/copy_support_PCK@0.2_percent"]
+        pck = r["val/PCK@0.2_percent"]
+        lines.append(f"{r['epoch']:>5} {r['val/elapsed_s'] / 60:>8.1f} {pck:>8.2f} {base:>12.2f} "
+                     f"{pck / base if base else float('nan'):>6.2f}")
+    first, best = val[0]["val/PCK@0.2_percent"], max(r["val/PCK@0.2_percent"] for r in val)
+    last = val[-1]["val/PCK@0.2_percent"]
+    lines.append(f"val (unseen categories): first {first:.2f}, best {best:.2f}, last {last:.2f}; "
                  f"{'rising' if best > first else 'NOT rising'}")
     for r in test:
-        base = r["test/copy_support_PCK@0.2"]
-        lines.append(f"test (unseen categories): PCK@0.2 {r['test/PCK@0.2']:.2f}, copy-support {base:.2f}, "
-                     f"ratio {r['test/PCK@0.2'] / base if base else float('nan'):.2f}")
+        base = r["test/copy_support_PCK@0.2_percent"]
+        pck = r["test/PCK@0.2_percent"]
+        lines.append(f"test (unseen categories): PCK@0.2 {pck:.2f}, copy-support {base:.2f}, "
+                     f"ratio {pck / base if base else float('nan'):.2f}")
     return "\n".join(lines)
 
 

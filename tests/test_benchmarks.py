@@ -97,9 +97,10 @@ def test_quickstart_bad_input_is_one_error_line(tmp_path):
 def test_cape_learning_table_gives_the_ratio_to_the_copy_support_baseline_and_whether_pck_rose():
     from scripts.benchmark_cape_learning import report
 
-    val = [{"epoch": e + 1, "val/elapsed_s": 60.0 * (e + 1), "val/PCK@0.2": p, "val/copy_support_PCK@0.2": 40.0}
+    val = [{"epoch": e + 1, "val/elapsed_s": 60.0 * (e + 1), "val/PCK@0.2_percent": p,
+            "val/copy_support_PCK@0.2_percent": 40.0}
            for e, p in enumerate([30.0, 50.0, 60.0])]
-    test = {"test/PCK@0.2": 58.0, "test/copy_support_PCK@0.2": 29.0}
+    test = {"test/PCK@0.2_percent": 58.0, "test/copy_support_PCK@0.2_percent": 29.0}
     lines = report([{"train/loss": 1.0}, *val, test]).splitlines()
     assert lines[1].split() == ["1", "1.0", "30.00", "40.00", "0.75"]
     assert lines[3].split() == ["3", "3.0", "60.00", "40.00", "1.50"]

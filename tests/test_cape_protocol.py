@@ -190,18 +190,18 @@ def test_predictions_file_rescored_independently_equals_the_report(fixture, tmp_
     assert records[0]["support_ids"] == as_ids(split, episodes[:1])[0][:2]
     assert all(len(r["pred"]) == split.categories[r["category_id"]].num_keypoints for r in records)  # no padding
     again = recompute_from_file(coco, records)
-    np.testing.assert_array_equal(again, [r["pck"] for r in records])
+    np.testing.assert_array_equal(100 * again, [r["PCK@0.2_percent"] for r in records])  # percent, as printed
     assert 0.2 < again.mean() < 0.95
-    assert report["pck"] == pytest.approx(again.mean(), abs=1e-6)
+    assert report["PCK@0.2_percent"] == pytest.approx(100 * again.mean(), abs=1e-4)
     assert {k: report[k] for k in ("file", "split", "subset", "shots", "threshold", "episodes", "queries")} == {
         "file": "mp100_split1_test.json", "split": 1, "subset": "test", "shots": 2, "threshold": 0.2,
         "episodes": 6, "queries": 90}
     by_cat = {c["id"]: c for c in report["categories"]}
     for k, cid in enumerate((7, 3, 12)):
         assert by_cat[cid]["episodes"] == 2 and by_cat[cid]["queries"] == 30
-        assert by_cat[cid]["pck"] == pytest.approx(again[30 * k:30 * (k + 1)].mean(), abs=1e-12)
+        assert by_cat[cid]["PCK@0.2_percent"] == pytest.approx(100 * again[30 * k:30 * (k + 1)].mean(), abs=1e-10)
     table = evaluator.format_table()
-    assert f"mean over 90 queries (6 episodes): {100 * again.mean():.2f}" in table and "cat3" in table
+    assert f"mean over 90 queries (6 episodes): {100 * again.mean():.2f}%" in table and "cat3" in table
 
 
 def test_normaliser_is_the_clean_box_and_empty_queries_score_zero(tmp_path):

@@ -180,11 +180,12 @@ def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsy
     assert "resumed from" in caplog.text and "copy-support baseline" in caplog.text
     metrics = read_metrics(out / "metrics.jsonl")
     assert [m["step"] for m in metrics if "train/loss" in m] == [1, 2, 3, 4, 5, 6]
-    assert [m["step"] for m in metrics if "val/PCK@0.2" in m] == [3, 6]
+    assert [m["step"] for m in metrics if "val/PCK@0.2_percent" in m] == [3, 6]
     final = metrics[-1]
-    assert set(final) == {"step", "test/PCK@0.2", "test/copy_support_PCK@0.2"} and 0 <= final["test/PCK@0.2"] <= 100
+    assert set(final) == {"step", "test/PCK@0.2_percent", "test/copy_support_PCK@0.2_percent"}
+    assert 0 <= final["test/PCK@0.2_percent"] <= 100
     report = json.loads((out / "pck_report.json").read_text())
-    assert report["pck"] * 100 == pytest.approx(final["test/PCK@0.2"]) and report["subset"] == "test"
+    assert report["PCK@0.2_percent"] == pytest.approx(final["test/PCK@0.2_percent"]) and report["subset"] == "test"
     assert safe_load(out / "best.pt")["architecture"]["model"] == "capeformer_lite"
     assert list((out / "pictures").glob("val_poses_step_*.png")) and any((out / "tensorboard").iterdir())
     assert json.loads((out / "run.json").read_text())["best"] == "best.pt"
@@ -315,8 +316,8 @@ def test_two_processes_agree_when_validation_improves_when_it_does_not_and_on_a_
     metrics = read_metrics(tmp_path / "run" / "metrics.jsonl")
     steps = [m["step"] for m in metrics if "train/loss" in m]
     assert steps == sorted(set(steps)) == list(range(1, 7))  # no duplicate lines from rank 1
-    assert [m["val/PCK@0.2"] for m in metrics if "val/PCK@0.2" in m] == [50.0, 40.0, 60.0]
-    assert safe_load(tmp_path / "run" / "best.pt")["step"] == 6 and "test/PCK@0.2" in metrics[-1]
+    assert [m["val/PCK@0.2_percent"] for m in metrics if "val/PCK@0.2_percent" in m] == [50.0, 40.0, 60.0]
+    assert safe_load(tmp_path / "run" / "best.pt")["step"] == 6 and "test/PCK@0.2_percent" in metrics[-1]
 
     stopped = torchrun(["-m", "models.train_cape_episodic"], data_root, tmp_path / "stopped", "--epochs", "50")
     wait_for(tmp_path / "stopped" / "step_2.pt", stopped, timeout=300)
@@ -346,7 +347,8 @@ def test_eval_only_writes_the_protocols_predictions_and_report(tmp_path):
     records = [json.loads(line) for line in predictions.read_text().splitlines()]
     report = json.loads((predictions.parent / "pck_report.json").read_text())
     again = recompute_from_file(coco, records)
-    assert report["pck"] == pytest.approx(float(again.mean()), abs=1e-6)
+    assert report["PCK@0.2_percent"] == pytest.approx(100 * float(again.mean()), abs=1e-4)
+    assert [r["PCK@0.2_percent"] for r in records] == list(100 * again)
     assert report["episodes"] == 9 and report["queries"] == 9 * 15 and report["shots"] == 1
     expected = reference_episodes(coco, shots=1, queries=15, num_episodes=200)  # category-major, the full draw
     firsts = [expected[200 * k:200 * k + 3] for k in range(len(coco["categories"]))]  # a shorter run keeps these

@@ -22,9 +22,13 @@ Every rule below is the reference's, checked in its code; the sources are CapeFo
   clean box (float64); a zero normaliser counts nothing, a negative one becomes 1e6 (mmpose's guards).
 - A query's PCK is the mean over its counted keypoints; with none it is 0 (``keypoint_pck_accuracy``
   returns ``avg_acc = 0`` when no keypoint is valid) and it stays in the mean.
-- The reported number is ``np.mean`` over all (episode, query) pairs in episode order, a fraction;
-  the papers print it times 100 and average the five splits. (numpy 1.x and 2.x sum in different
-  orders, so that mean can differ in its last bit between them; the per-query values do not.)
+- The reported number is ``np.mean`` over all (episode, query) pairs in episode order; the papers print
+  it in percent and average the five splits. (numpy 1.x and 2.x sum in different orders, so that mean can
+  differ in its last bit between them; the per-query values do not.)
+
+Units. The functions here return fractions (0..1); everything written for a reader (the predictions file, the
+report, the table, the trainer's metrics) is in percent, under a name that says so: :func:`pck_field`,
+``"PCK@0.2_percent"``.
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ PCK_THRESHOLD = 0.2
 
 class PCKError(UserError):
     """Predictions or episode identities that do not fit the ground truth they are scored against."""
+
+
+def pck_field(thr: float = PCK_THRESHOLD) -> str:
+    """The name of a PCK value in percent wherever one is written: ``"PCK@0.2_percent"`` for ``thr`` 0.2."""
+    return f"PCK@{thr:g}_percent"
 
 
 def protocol_episodes(split: MP100Split, shots: int, num_episodes: int | None = None, queries: int = EVAL_QUERIES,
@@ -140,6 +149,24 @@ def evaluation_mask(query_visible: torch.Tensor, support_visible: torch.Tensor, 
     return query_visible & support_visible.all(1, keepdim=True) & keypoint_mask[:, None]
 
 
+def batch_pck(pred: torch.Tensor, gt: torch.Tensor, bbox_size: torch.Tensor, mask: torch.Tensor,
+              thr: float = PCK_THRESHOLD) -> np.ndarray:
+    """:func:`keypoint_pck` over any leading dimensions of torch tensors (e.g. a collated batch's [B, Q]).
+
+    Args:
+        pred: [..., N, 2] predictions in original pixels. gt: [..., N, 2] ground truth in original pixels.
+        bbox_size: [...] the normaliser, pixels (``query_bbox_size``). mask: [..., N] bool, the keypoints to count
+            (:func:`evaluation_mask`).
+
+    Returns:
+        [...] float64 per-query PCK, a fraction.
+    """
+    n = pred.shape[-2]
+    pck = keypoint_pck(pred.detach().cpu().double().reshape(-1, n, 2).numpy(), gt.cpu().reshape(-1, n, 2).numpy(),
+                       mask.cpu().reshape(-1, n).numpy(), bbox_size.cpu().double().reshape(-1).numpy(), thr)
+    return pck.reshape(tuple(pred.shape[:-2]))
+
+
 class PCKAccumulator:
     """PCK over collated batches (the trainer's running validation); :meth:`value` is the mean over queries, in percent.
 
@@ -155,11 +182,9 @@ class PCKAccumulator:
 
     def update(self, pred: torch.Tensor, gt: torch.Tensor, bbox_size: torch.Tensor, mask: torch.Tensor) -> None:
         """Add a batch: ``pred``, ``gt`` [..., N, 2] original pixels, ``bbox_size`` [...], ``mask`` [..., N] bool."""
-        n = pred.shape[-2]
-        pck = keypoint_pck(pred.detach().cpu().double().reshape(-1, n, 2).numpy(), gt.cpu().reshape(-1, n, 2).numpy(),
-                           mask.cpu().reshape(-1, n).numpy(), bbox_size.cpu().double().reshape(-1).numpy(), self.thr)
+        pck = batch_pck(pred, gt, bbox_size, mask, self.thr)
         self.total += float(pck.sum())
-        self.queries += len(pck)
+        self.queries += pck.size
 
     def value(self) -> float:
         """Mean per-query PCK in percent (NaN before any query)."""
@@ -170,14 +195,18 @@ class EpisodeEvaluator:
     """The protocol's PCK for one split, from predictions and episode identities; keeps a record per query.
 
     Ground truth, visibility and normaliser come from ``split`` by annotation id, so the score needs nothing
-    from the model's data pipeline. A record is ``{"category_id", "episode", "support_ids", "query_id",
-    "pred": [[x, y], ...] original pixels, "pck"}``; ``episode`` counts episodes in the order they were added.
+    from the model's data pipeline. A record (a line of the predictions file) is ``{"category_id", "episode",
+    "support_ids", "query_id", "pred": [[x, y], ...] original pixels, "PCK@0.2_percent"}`` (the query's PCK in
+    percent, named by :func:`pck_field`); ``episode`` counts episodes in the order they were added.
+    ``query_pck`` holds the same per-query values as fractions, in record order.
     """
 
     def __init__(self, split: MP100Split, shots: int, thr: float = PCK_THRESHOLD):
         self.split, self.shots, self.thr = split, shots, thr
+        self.field = pck_field(thr)
         self._where = split.instance_index()
         self.records: list[dict] = []
+        self.query_pck: list[float] = []
         self.episodes = 0
 
     def _instance(self, ann_id: int, category_id: int):
@@ -222,7 +251,8 @@ class EpisodeEvaluator:
         for q, p, v in zip(queries, pred, pck):
             self.records.append({"category_id": category_id, "episode": self.episodes,
                                  "support_ids": [s.ann_id for s in supports], "query_id": q.ann_id,
-                                 "pred": p.tolist(), "pck": float(v)})
+                                 "pred": p.tolist(), self.field: 100 * float(v)})
+            self.query_pck.append(float(v))
         self.episodes += 1
         return pck
 
@@ -234,32 +264,33 @@ class EpisodeEvaluator:
 
     def pck(self) -> float:
         """The split's number: the mean over all recorded queries, a fraction (NaN before any)."""
-        return float(np.mean([r["pck"] for r in self.records])) if self.records else float("nan")
+        return float(np.mean(self.query_pck)) if self.query_pck else float("nan")
 
     def per_category(self) -> list[dict]:
-        """``{"id", "name", "episodes", "queries", "pck"}`` per category with records, in file order."""
-        by_category: dict[int, list[dict]] = {}
-        for r in self.records:
-            by_category.setdefault(r["category_id"], []).append(r)
-        return [{"id": cid, "name": cat.name, "episodes": len({r["episode"] for r in by_category[cid]}),
-                 "queries": len(by_category[cid]), "pck": float(np.mean([r["pck"] for r in by_category[cid]]))}
+        """``{"id", "name", "episodes", "queries", "PCK@0.2_percent"}`` per category with records, in file order;
+        the PCK is the mean over the category's queries, in percent."""
+        by_category: dict[int, list[tuple[dict, float]]] = {}
+        for r, v in zip(self.records, self.query_pck):
+            by_category.setdefault(r["category_id"], []).append((r, v))
+        return [{"id": cid, "name": cat.name, "episodes": len({r["episode"] for r, _ in by_category[cid]}),
+                 "queries": len(by_category[cid]), self.field: 100 * float(np.mean([v for _, v in by_category[cid]]))}
                 for cid, cat in self.split.categories.items() if cid in by_category]
 
     def report(self) -> dict:
-        """What ``pck_report.json`` holds: the file, split, subset, shots, threshold, the mean PCK (a fraction),
-        episode and query counts, and :meth:`per_category`."""
+        """What ``pck_report.json`` holds: the file, split, subset, shots, threshold (a fraction of the box), the
+        mean PCK in percent under ``"PCK@0.2_percent"``, episode and query counts, and :meth:`per_category`."""
         split, subset = self.split.split_and_subset
         return {"file": self.split.path.name, "split": split, "subset": subset, "shots": self.shots,
-                "threshold": self.thr, "pck": self.pck(), "episodes": self.episodes, "queries": len(self.records),
-                "categories": self.per_category()}
+                "threshold": self.thr, self.field: 100 * self.pck(), "episodes": self.episodes,
+                "queries": len(self.records), "categories": self.per_category()}
 
     def format_table(self) -> str:
-        """A printable per-category table, PCK times 100 as the papers print it."""
-        lines = [f"{self.split.path.name}, {self.shots}-shot, PCK@{self.thr:g} (x100)",
-                 f"  {'id':>4} {'name':<28} {'episodes':>8} {'queries':>7} {'PCK':>6}"]
-        lines += [f"  {r['id']:>4} {r['name'][:28]:<28} {r['episodes']:>8} {r['queries']:>7} {100 * r['pck']:>6.2f}"
+        """A printable per-category table, PCK in percent as the papers print it."""
+        lines = [f"{self.split.path.name}, {self.shots}-shot, PCK@{self.thr:g} in percent",
+                 f"  {'id':>4} {'name':<28} {'episodes':>8} {'queries':>7} {'PCK %':>6}"]
+        lines += [f"  {r['id']:>4} {r['name'][:28]:<28} {r['episodes']:>8} {r['queries']:>7} {r[self.field]:>6.2f}"
                   for r in self.per_category()]
-        lines.append(f"  mean over {len(self.records)} queries ({self.episodes} episodes): {100 * self.pck():.2f}")
+        lines.append(f"  mean over {len(self.records)} queries ({self.episodes} episodes): {100 * self.pck():.2f}%")
         return "\n".join(lines)
 
     def write_predictions(self, path: str | Path) -> None:
