@@ -286,7 +286,7 @@ def _load_json(path: Path):
         raise DatasetError(f"cannot read {path}: {e.strerror}") from None
 
 
-def _fill_missing_outputs(raw: dict) -> bool:
+def fill_missing_outputs(raw: dict) -> bool:
     """Give test pairs without an output the reference's placeholder ``[[0]]``; True if any was missing."""
     tests = raw.get("test")
     missing = isinstance(tests, list) and any(isinstance(p, dict) and "output" not in p for p in tests)
@@ -316,7 +316,7 @@ def read_task_folder(folder: Path) -> tuple[list[ArcTask], list[str]]:
             raise DatasetError(f"task id {path.stem!r} appears twice: {seen[path.stem]} and {path}; remove one")
         seen[path.stem] = path
         raw = _load_json(path)
-        if isinstance(raw, dict) and _fill_missing_outputs(raw):
+        if isinstance(raw, dict) and fill_missing_outputs(raw):
             notes.append(f"{path}: test outputs missing, filled with [[0]]")
         tasks.append(parse_task(path.stem, raw, str(path)))
     return tasks, notes
@@ -356,7 +356,7 @@ def read_challenges_file(path: Path) -> tuple[list[ArcTask], list[str]]:
         notes.append(f"{solutions_path.name} not found: test outputs of {path.name} filled with [[0]]")
         for raw in challenges.values():
             if isinstance(raw, dict):
-                _fill_missing_outputs(raw)
+                fill_missing_outputs(raw)
     return [parse_task(task_id, raw, f"{path}: task {task_id}") for task_id, raw in challenges.items()], notes
 
 
@@ -654,7 +654,19 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
     for subset in subsets:
         for note in subset.notes:
             print(f"warning: {note}")
+    source = {"dataset": dataset, "num_aug": num_aug, "seed": seed, "max_tasks": max_tasks,
+              "subsets": [{"name": s.name, "tasks": len(s.tasks), "test_set": s.is_test, "from": s.origin}
+                          for s in subsets]}
+    return write_subsets(output_dir, subsets, num_aug, seed, source)
 
+
+def write_subsets(output_dir: Path, subsets: list[Subset], num_aug: int, seed: int, source: dict) -> Path:
+    """Augment the tasks of ``subsets`` and write them as a dataset at ``output_dir`` (the second half of
+    :func:`build_arc_dataset`, which checks ``output_dir`` first; ``solve.py`` writes a user's task with it).
+
+    Args:
+        source: the build's record, written to each split's ``dataset.json``.
+    """
     rng = np.random.RandomState(seed)
     groups, short = [], []
     next_id = 1  # 0 is <blank>
@@ -675,9 +687,6 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
         print(f"warning: {len(short)} task(s) have fewer than {num_aug} distinct variants: {', '.join(short[:10])}"
               + (" ..." if len(short) > 10 else ""))
 
-    source = {"dataset": dataset, "num_aug": num_aug, "seed": seed, "max_tasks": max_tasks,
-              "subsets": [{"name": s.name, "tasks": len(s.tasks), "test_set": s.is_test, "from": s.origin}
-                          for s in subsets]}
     with staged_dataset(output_dir) as staging:
         for split in ("train", "test"):
             counts = _write_split(staging / split, split, groups, rng)
