@@ -489,8 +489,12 @@ def render_segments(task: str, inputs, labels, segment_preds, q_halt, title: str
     return padded
 
 
-def _save_picture(image: Image.Image, path: Path, image_format: str, **options) -> Path:
-    """Write ``image`` to ``path`` whole or not at all (:func:`utils.outputs.write_atomically`)."""
+def save_picture(image: Image.Image, path: Path, image_format: str = "PNG", **options) -> Path:
+    """Write ``image`` to ``path`` whole or not at all (:func:`utils.outputs.write_atomically`).
+
+    Raises:
+        OutputWriteError: the write failed (full disk); nothing partial is left.
+    """
     return write_atomically(path, lambda f: image.save(f, format=image_format, **options), "picture")
 
 
@@ -514,7 +518,7 @@ def save_segments(frames: list[Image.Image], path_stem: str | os.PathLike) -> tu
         raise VisualizationError("no segment frames to save")
     path_stem = Path(path_stem)
     durations = [FRAME_MS] * (len(frames) - 1) + [LAST_FRAME_MS]
-    gif = _save_picture(frames[0], path_stem.with_name(f"{path_stem.name}.gif"), "GIF", save_all=True,
+    gif = save_picture(frames[0], path_stem.with_name(f"{path_stem.name}.gif"), "GIF", save_all=True,
                         append_images=frames[1:], duration=durations, loop=0)
     width = sum(f.width for f in frames) + STRIP_GAP * (len(frames) - 1)
     strip = Image.new("RGB", (width, max(f.height for f in frames)), WHITE)
@@ -523,7 +527,7 @@ def save_segments(frames: list[Image.Image], path_stem: str | os.PathLike) -> tu
     if width > STRIP_MAX_WIDTH:
         strip = strip.resize((STRIP_MAX_WIDTH, max(1, round(strip.height * STRIP_MAX_WIDTH / width))),
                              Image.Resampling.LANCZOS)
-    return gif, _save_picture(strip, path_stem.with_name(f"{path_stem.name}_strip.png"), "PNG")
+    return gif, save_picture(strip, path_stem.with_name(f"{path_stem.name}_strip.png"), "PNG")
 
 
 # ----------------------------------------------------------------------------------------
@@ -679,7 +683,7 @@ def write_gallery(data_path: str | os.PathLike, out_dir: str | os.PathLike, spli
     figures = []
     for item in tqdm(items, desc="render", unit="picture"):
         title = example_title(task, item.name, step, item.labels, item.preds)
-        _save_picture(render_example(task, item.inputs, item.labels, item.preds, title), out_dir / f"{item.stem}.png",
+        save_picture(render_example(task, item.inputs, item.labels, item.preds, title), out_dir / f"{item.stem}.png",
                       "PNG")
         figures.append(_figure(f"{item.stem}.png", item.caption or title))
         if item.segments is not None:
