@@ -1,0 +1,143 @@
+"""Solve your own puzzle with a trained HRM/TRM: print the answer, check it, watch the reasoning segment by segment.
+
+    python solve.py --checkpoint checkpoints/sudoku-trm-cpu/RUN --sudoku "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
+    python solve.py --checkpoint RUN --sudoku my_puzzles.csv --segments 32 --early-exit
+    python solve.py --checkpoint RUN --maze my_maze.txt
+    python solve.py --checkpoint RUN --arc my_task.json --adapt-steps 200      # writes submission.json
+
+The checkpoint is a file, a run directory (its best.pt) or ``hf://owner/repo[/file]``. Sudoku and mazes are
+answered directly. An ARC task the model never saw has no puzzle-embedding row: its demonstrations are augmented
+into a small dataset (utils/data/arc.py), the model adapts to them for ``--adapt-steps`` steps (the puzzle
+embedding only, whose rows start as the checkpoint's mean row; all weights with ``--adapt-all``), then answers every
+augmented copy of each test input, and the published voting (utils/eval/arc.py) picks two attempts per input for
+``submission.json``. Each answer is printed, checked, and drawn (a PNG, and a GIF and strip of its segments).
+"""
+
+import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from utils.data.user_puzzles import (PuzzleInputError, format_maze, format_sudoku, maze_problems, parse_maze,
+                                     read_sudokus, sudoku_problems)
+from utils.device import select_device, select_dtype
+from utils.eval.arc_adapt import solve_arc_task
+from utils.eval.load import Trained, load_trained
+from utils.eval.reasoning import add_test_time_arguments, reason, test_time_compute
+from utils.outputs import check_writable_dir
+from utils.run.main import ArgumentParser, cli_main
+from utils.viz.puzzles import render_example, render_segments, save_picture, save_segments
+
+log = logging.getLogger("solve")
+TASKS = {"sudoku": (81, 11), "maze": (None, 6)}  # seq_len (None: the maze's own), vocab size
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = ArgumentParser(prog="solve.py", description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter,
+                            epilog="Sudoku: 81 characters row by row, 1-9 and . or 0 for blanks, or a file of them (a "
+                                   "CSV with a question column, or one per line).\nMaze: a square text grid of # (wall), "
+                                   "space (open), S and G.\nARC: a task JSON in the ARC Prize format "
+                                   "({\"train\": [{\"input\", \"output\"}...], \"test\": [{\"input\"}...]}).")
+    parser.add_argument("--checkpoint", required=True,
+                        help="a checkpoint file, a run directory (its best.pt), or hf://owner/repo[/file]")
+    puzzle = parser.add_mutually_exclusive_group(required=True)
+    puzzle.add_argument("--sudoku", metavar="PUZZLE_OR_FILE", help="a Sudoku, or a file of them")
+    puzzle.add_argument("--maze", metavar="FILE", help="a text file with one maze")
+    puzzle.add_argument("--arc", metavar="TASK_JSON", help="an ARC task file in the ARC Prize format")
+    parser.add_argument("--out", default="solutions", help="folder for the pictures and submission.json "
+                                                           "(default: solutions)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")
+    parser.add_argument("--forward-dtype", default="auto", help="auto, bfloat16 or float32 (default: auto)")
+    add_test_time_arguments(parser)
+    arc = parser.add_argument_group("ARC adaptation")
+    arc.add_argument("--adapt-steps", type=int, default=100, help="optimizer steps on the task's demonstrations "
+                                                                  "(default: 100)")
+    arc.add_argument("--adapt-all", action="store_true", help="adapt every weight, not only the puzzle embedding")
+    arc.add_argument("--num-aug", type=int, default=100, help="augmented copies of the task (the papers: 1000; "
+                                                              "default: 100)")
+    arc.add_argument("--adapt-batch-size", type=int, default=32, help="examples per adaptation step (default: 32)")
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_writable_dir(args.out, "--out")
+    ttc = test_time_compute(args, keep_segments=True)
+    device = select_device(args.device).device
+    dtype, _ = select_dtype(device, args.forward_dtype)
+    out = Path(args.out)
+    if args.arc:
+        return solve_arc_task(args, ttc, device, dtype, out)
+    task = "sudoku" if args.sudoku else "maze"
+    if task == "sudoku":
+        puzzles = read_sudokus(args.sudoku)
+    else:
+        tokens, size = parse_maze(read_text(args.maze), args.maze)
+        puzzles = [(Path(args.maze).stem, tokens)]
+    inputs = torch.from_numpy(np.stack([t for _, t in puzzles]).astype(np.int32))
+    trained = load_trained(args.checkpoint, device, dtype, len(puzzles), seq_len=inputs.shape[1])
+    check_fits(trained, task, inputs.shape[1])
+    batch = {"inputs": inputs.to(device), "labels": inputs.to(device).long(),
+             "puzzle_identifiers": torch.zeros(len(puzzles), dtype=torch.int32, device=device)}
+    answer = {k: v.cpu() for k, v in reason(trained.head, trained.head, batch, ttc).items()}
+    out.mkdir(parents=True, exist_ok=True)
+    consistent = 0
+    for i, (name, tokens) in enumerate(puzzles):
+        consistent += report(task, name, tokens, {k: v[i] for k, v in answer.items()}, out / f"{task}_{i + 1}")
+    print(f"{consistent} of {len(puzzles)} answer(s) consistent; pictures in {out}")
+    return 0
+
+
+def read_text(path: str) -> str:
+    """Raises:
+        PuzzleInputError: the file is missing or not UTF-8 text."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PuzzleInputError(f"{path}: cannot be read as UTF-8 text ({e})") from None
+
+
+def check_fits(trained: Trained, task: str, seq_len: int) -> None:
+    """Raises:
+        PuzzleInputError: the model was trained on another kind or size of puzzle."""
+    vocab = TASKS[task][1]
+    if trained.vocab_size != vocab or trained.seq_len != seq_len:
+        side = math.isqrt(trained.seq_len)
+        raise PuzzleInputError(f"{trained.path} was trained on puzzles of {trained.seq_len} cells"
+                               f"{f' ({side}x{side})' if side * side == trained.seq_len else ''} and a vocabulary of "
+                               f"{trained.vocab_size}, not {task}s of {seq_len} cells: use a checkpoint trained on them")
+
+
+def report(task: str, name: str, tokens: np.ndarray, answer: dict, stem: Path) -> bool:
+    """Print one answer, whether it is consistent, its segments and halting confidence; draw it. True if consistent."""
+    pred = answer["preds"].numpy()
+    problems = sudoku_problems(pred, tokens) if task == "sudoku" else maze_problems(pred, tokens)
+    confidence = torch.sigmoid(answer["q_halt_logits"]).item()
+    verdict = "consistent" if not problems else "NOT consistent: " + "; ".join(problems)
+    print(f"\n{name}: {verdict}\n{(format_sudoku if task == 'sudoku' else format_maze)(pred)}")
+    print(f"segments used: {int(answer['segments'])}; halting confidence sigmoid(q_halt) = {confidence:.3f}")
+    title = f"{task} · {name} · {'consistent' if not problems else 'not consistent'} · {int(answer['segments'])} segments"
+    picture = render_example(task, tokens, pred, pred, title=title)
+    save_picture(picture, stem.with_suffix(".png"))
+    frames = render_segments(task, tokens, pred, answer["segment_preds"].numpy(), answer["segment_q_halt"].numpy(),
+                             title=f"{task} · {name} (cells wrong = cells that differ from the final answer)")
+    gif, strip = save_segments(frames, stem)
+    print(f"picture: {stem.with_suffix('.png')}; segments: {gif}, {strip}")
+    return not problems
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    return cli_main(lambda: run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

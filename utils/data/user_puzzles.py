@@ -1,0 +1,180 @@
+"""Puzzles as a user writes them, turned into model tokens, and the checks an answer must pass.
+
+- **Sudoku**: 81 characters, row by row, ``1``-``9`` for givens and ``.`` or ``0`` for blanks (white space
+  ignored); or a file of them: a Sudoku-Extreme CSV (its ``question`` column) or one puzzle per line. Tokens as
+  the Sudoku builder writes them (utils/data/sudoku.py): blank 1, digit d -> d + 1 (vocab 11).
+- **Maze**: a text grid over ``#`` (wall), space (open), ``S`` and ``G``, one line per row, square; lines an editor
+  shortened by stripping trailing spaces are padded with open cells. Tokens as the maze builder writes them
+  (utils/data/maze.py, the reference's charset ``"# SGo"`` -> 1..5; ``o`` marks the path in an answer).
+
+Every error names the puzzle, the row and column, and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from utils.errors import UserError
+
+SUDOKU_CELLS = 81
+MAZE_CHARSET = "# SGo"  # token = index + 1
+WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5
+
+
+class PuzzleInputError(UserError):
+    """A puzzle the user gave is malformed (length, a character, a conflict among its givens)."""
+
+
+def _units() -> list[tuple[str, np.ndarray]]:
+    """The 27 Sudoku units as (name, the 9 cell indices)."""
+    cells = np.arange(SUDOKU_CELLS).reshape(9, 9)
+    units = [(f"row {r + 1}", cells[r]) for r in range(9)] + [(f"column {c + 1}", cells[:, c]) for c in range(9)]
+    units += [(f"box {b + 1}", cells[b // 3 * 3:b // 3 * 3 + 3, b % 3 * 3:b % 3 * 3 + 3].ravel()) for b in range(9)]
+    return units
+
+
+def parse_sudoku(text: str, where: str) -> np.ndarray:
+    """One Sudoku as tokens, uint8 [81] (blank 1, digit d -> d + 1).
+
+    Raises:
+        PuzzleInputError: not 81 cells, a character other than 1-9, ``.`` or ``0`` (named by row and column), or
+            givens that already break a rule (a digit twice in a row, column or box).
+    """
+    cells = "".join(text.split())
+    if len(cells) != SUDOKU_CELLS:
+        raise PuzzleInputError(f"{where}: {len(cells)} cells; a Sudoku is 81 characters, row by row, 1-9 for givens "
+                               "and . or 0 for blanks")
+    digits = np.zeros(SUDOKU_CELLS, np.uint8)
+    for i, ch in enumerate(cells):
+        if ch in "123456789":
+            digits[i] = int(ch)
+        elif ch not in ".0":
+            raise PuzzleInputError(f"{where}: row {i // 9 + 1}, column {i % 9 + 1}: {ch!r} is not a digit 1-9 or a "
+                                   "blank (. or 0)")
+    for name, unit in _units():
+        given = digits[unit][digits[unit] > 0]
+        twice = [d for d in set(given.tolist()) if (given == d).sum() > 1]
+        if twice:
+            raise PuzzleInputError(f"{where}: {name} already holds {twice[0]} twice, so the puzzle has no solution; "
+                                   "check its givens")
+    return np.where(digits > 0, digits + 1, 1).astype(np.uint8)
+
+
+def read_sudokus(spec: str) -> list[tuple[str, np.ndarray]]:
+    """``(name, tokens [81])`` for each Sudoku ``spec`` gives: a file (a CSV with a ``question`` column, or one puzzle
+    per line) or the puzzle itself.
+
+    Raises:
+        PuzzleInputError: a malformed puzzle, an empty file, or a file that is not UTF-8 text.
+    """
+    path = Path(spec)
+    if not path.is_file():
+        return [("puzzle 1", parse_sudoku(spec, "the puzzle"))]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError) as e:
+        raise PuzzleInputError(f"{path}: cannot be read as UTF-8 text ({e}); save it as UTF-8") from None
+    lines = text.splitlines()
+    rows = list(csv.DictReader(io.StringIO(text))) if lines and "question" in lines[0].split(",") else None
+    entries = [(f"{path.name} row {i + 2}", row["question"]) for i, row in enumerate(rows)] if rows is not None else \
+        [(f"{path.name} line {i + 1}", line) for i, line in enumerate(lines) if line.strip()]
+    if not entries:
+        raise PuzzleInputError(f"{path} holds no puzzle; write one 81-character puzzle per line")
+    return [(name, parse_sudoku(puzzle, name)) for name, puzzle in entries]
+
+
+def sudoku_problems(answer: np.ndarray, puzzle: np.ndarray) -> list[str]:
+    """What makes ``answer`` (tokens [81]) not a solution of ``puzzle`` (tokens [81]); empty when it is one.
+
+    Checks that every cell holds a digit, every row, column and box holds 1-9 once, and the givens are kept.
+    """
+    digits = answer.astype(np.int64) - 1
+    problems = [f"{(digits < 1).sum()} cell(s) without a digit"] if (digits < 1).any() else []
+    for name, unit in _units():
+        missing = sorted(set(range(1, 10)) - set(digits[unit].tolist()))
+        if missing:
+            problems.append(f"{name} lacks {', '.join(map(str, missing))}")
+    changed = np.flatnonzero((puzzle >= 2) & (answer != puzzle))
+    if changed.size:
+        problems.append(f"{changed.size} given(s) changed (first at row {changed[0] // 9 + 1}, column {changed[0] % 9 + 1})")
+    return problems
+
+
+def parse_maze(text: str, where: str) -> tuple[np.ndarray, int]:
+    """One maze as tokens uint8 [size * size] and its size.
+
+    Raises:
+        PuzzleInputError: not square, a character other than ``#``, space, ``S``, ``G`` (named by row and
+            column), or not exactly one S and one G.
+    """
+    lines = [line.rstrip("\n") for line in text.splitlines()]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    size = len(lines)
+    if size < 2 or max(map(len, lines)) > size:
+        raise PuzzleInputError(f"{where}: {size} rows of up to {max(map(len, lines), default=0)} characters; a maze is "
+                               "square (as many rows as columns), one line per row")
+    tokens = np.full((size, size), OPEN, np.uint8)
+    for r, line in enumerate(lines):
+        for c, ch in enumerate(line):
+            if ch not in "# SG":
+                raise PuzzleInputError(f"{where}: row {r + 1}, column {c + 1}: {ch!r} is not # (wall), a space (open), "
+                                       "S or G")
+            tokens[r, c] = MAZE_CHARSET.index(ch) + 1
+    for token, name in ((START, "S"), (GOAL, "G")):
+        count = int((tokens == token).sum())
+        if count != 1:
+            raise PuzzleInputError(f"{where}: {count} {name} cells; a maze has exactly one S and one G")
+    return tokens.ravel(), size
+
+
+def maze_problems(answer: np.ndarray, maze: np.ndarray) -> list[str]:
+    """What makes ``answer`` (tokens [size²]) not a path through ``maze`` (tokens [size²]); empty when it is one.
+
+    Checks that walls, S and G are kept, the path lies on open cells, and path cells connect S to G (4-neighbours).
+    """
+    size = int(np.sqrt(maze.size))
+    problems = []
+    kept = (maze != OPEN)
+    if (answer[kept] != maze[kept]).any():
+        problems.append(f"{int((answer[kept] != maze[kept]).sum())} wall/S/G cell(s) changed")
+    if not np.isin(answer[~kept], (OPEN, PATH)).all():
+        problems.append("open cells marked as something other than open or path")
+    walkable = (answer.reshape(size, size) == PATH) | (maze.reshape(size, size) >= START)
+    start = divmod(int(np.flatnonzero(maze == START)[0]), size)
+    seen, queue = {start}, deque([start])
+    while queue:
+        r, c = queue.popleft()
+        for nr, nc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
+            if 0 <= nr < size and 0 <= nc < size and walkable[nr, nc] and (nr, nc) not in seen:
+                seen.add((nr, nc))
+                queue.append((nr, nc))
+    if divmod(int(np.flatnonzero(maze == GOAL)[0]), size) not in seen:
+        problems.append("the path does not connect S to G")
+    return problems
+
+
+def format_sudoku(tokens: np.ndarray) -> str:
+    """A Sudoku (tokens [81]) as 9 text rows with box separators; blanks as ``.``."""
+    digits = [str(t - 1) if 2 <= t <= 10 else "." for t in tokens.tolist()]
+    rows = []
+    for r in range(9):
+        row = digits[r * 9:r * 9 + 9]
+        rows.append(" | ".join(" ".join(row[b:b + 3]) for b in (0, 3, 6)))
+        if r in (2, 5):
+            rows.append("------+-------+------")
+    return "\n".join(rows)
+
+
+def format_maze(tokens: np.ndarray) -> str:
+    """A maze (tokens [size²]) as text rows over ``# SGo``."""
+    size = int(np.sqrt(tokens.size))
+    index = tokens.astype(np.int64) - 1
+    index[(index < 0) | (index >= len(MAZE_CHARSET))] = len(MAZE_CHARSET)  # padding or out of range: "?"
+    chars = np.array(list(MAZE_CHARSET + "?"))[index]
+    return "\n".join("".join(row) for row in chars.reshape(size, size))
