@@ -112,3 +112,17 @@ def test_puzzle_checks_and_one_line_errors(capsys, tmp_path):
     assert solve.main(["--checkpoint", str(tmp_path), "--sudoku", SUDOKU, "--out", "/proc/x/y"]) == 2
     assert "--out /proc/x/y cannot be created" in capsys.readouterr().err
     assert np.array_equal(parse_sudoku(SUDOKU.replace(".", "0"), "z"), parse_sudoku(SUDOKU, "d"))
+
+
+def test_the_test_time_benchmark_table(sudoku_run, tmp_path, capsys):
+    from scripts import benchmark_test_time
+
+    out = tmp_path / "ttc.json"
+    assert benchmark_test_time.main(["--checkpoint", str(sudoku_run), "--segments", "1,4", "--rollouts", "2",
+                                     "--batch-size", "16", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["policy"] for r in rows] == ["default (2 segments)", "1 segments", "4 segments", "early exit, at most 1",
+                                           "early exit, at most 4", "K=2 rollouts (noise 0.5)"]
+    assert rows[0]["time_ratio"] == 1.0 and [r["mean_segments"] for r in rows[:3]] == [2.0, 1.0, 4.0]
+    assert all(r["ci95"][0] <= r["exact_accuracy"] <= r["ci95"][1] and r["count"] == 16 for r in rows)
+    assert "machine: " in capsys.readouterr().out
