@@ -44,9 +44,10 @@ from utils.eval.arc import ARC
 from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.eval.reasoning import TestTimeCompute
-from utils.hardware_optimizer import compile_model, resolve_hardware_profile
+from utils.hardware_optimizer import HRM_CONFIGS, compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
 from utils.run.checkpointer import Best, Checkpointer
+from utils.run.estimate import LONG_RUN_HOURS, Estimate, duration, matmul_rate, step_flops
 from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main
 from utils.run.metrics import MetricsWindow, MetricsWriter
@@ -283,17 +284,21 @@ def export(state: PuzzleTrainState, setup: Setup, data: "PuzzleData") -> dict[st
         return {"model": {k: v.clone() for k, v in reference_state_dict(state.head).items()}, **record}
 
 
+def meta_model(setup: Setup, metadata: PuzzleDatasetMetadata):
+    """The run's model on the ``meta`` device: shapes without memory, to size and time the run before it starts."""
+    return build_model(setup.arch, batch_size=setup.local_batch_size, seq_len=metadata.seq_len,
+                       vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
+                       dtype=setup.dtype, device="meta")
+
+
 def check_memory(setup: Setup, metadata: PuzzleDatasetMetadata) -> int:
-    """Build the model on the meta device and refuse sizes the device cannot hold (weights, gradients, two
-    optimizer moments and the guard's copy of weights and moments); returns the bytes one checkpoint needs, about
-    (twice the weights with EMA on).
+    """Refuse sizes the device cannot hold (weights, gradients, two optimizer moments and the guard's copy of
+    weights and moments); returns the bytes one checkpoint needs, about (twice the weights with EMA on).
 
     Raises:
         ConfigError: the model cannot fit, with the sizes.
     """
-    meta = build_model(setup.arch, batch_size=setup.local_batch_size, seq_len=metadata.seq_len,
-                       vocab_size=metadata.vocab_size, num_puzzle_identifiers=metadata.num_puzzle_identifiers,
-                       dtype=setup.dtype, device="meta")
+    meta = meta_model(setup, metadata)
     params = sum(p.numel() * 4 for p in meta.model.parameters())
     checkpoint = model_bytes(meta) + 2 * params + (params if setup.cfg.ema else 0)
     need = model_bytes(meta) + 6 * params
@@ -496,8 +501,25 @@ def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, sessio
              ", ".join(type(e).__name__ for e in data.evaluators) or "none", data.total_steps)
     log.info("run directory: %s (run %s)%s", run.path, run.run_id,
              f"; resumed from {session.resume_path} at step {state.step}" if session.resume_path else "")
+    report_length(setup, data, state.step)
     setup.plan.save(run.path / "plan.yaml")
     OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
+
+
+def report_length(setup: Setup, data: PuzzleData, step: int) -> None:
+    """Say how long the rest of the schedule will take on this device (utils/run/estimate.py) and, when a CPU would
+    need more than a few hours, name the recipes made for a CPU (the ones ``python -m utils.hardware_optimizer``
+    recommends)."""
+    metadata = data.train.metadata
+    estimate = Estimate(step_flops(meta_model(setup, metadata), setup.local_batch_size, metadata.seq_len),
+                        matmul_rate(setup.device, setup.dtype), data.total_steps - step)
+    log.info("estimated time to the end of the schedule: %s (%d steps of %.3g TFLOP at half the %.3g TFLOP/s "
+             "measured for a GEMM on %s; evaluations not counted)", duration(estimate.seconds), estimate.steps,
+             estimate.flops_per_step / 1e12, estimate.matmul_rate / 1e12, setup.device)
+    if setup.device.type == "cpu" and estimate.seconds > LONG_RUN_HOURS * 3600:
+        log.warning("this recipe would take about %s on this CPU; the recipes made for a CPU: python pretrain.py "
+                    "--config-name=%s (HRM) or --config-name=cfg_pretrain_trm_cpu (TRM)", duration(estimate.seconds),
+                    HRM_CONFIGS["cpu"])
 
 
 def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
@@ -521,9 +543,11 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                 tqdm(total=data.total_steps, initial=state.step, desc="train", unit="step", disable=not rank.is_main,
                      dynamic_ncols=True) as bar:
             state.head.train()
+            first_step = state.step
             for iteration in range(state.iterations_done.value, data.total_iters):
                 for batch in data.iteration(iteration, state, device):
-                    state.window.add(train_step(state, batch, cfg, rank), cfg.global_batch_size)
+                    with stopper.at_once(state.step == first_step):  # compiling: minutes, nothing to save
+                        state.window.add(train_step(state, batch, cfg, rank), cfg.global_batch_size)
                     bar.update(1)
                     if state.window.due(state.step, data.total_steps):
                         log_train_point(state, cfg, rank, metrics, bar)

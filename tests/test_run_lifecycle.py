@@ -5,7 +5,11 @@ import io
 import json
 import logging
 import math
+import os
+import signal
+import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -326,3 +330,26 @@ def test_a_failed_start_leaves_no_claim_and_the_corrected_command_runs(sudoku_di
     assert train(sudoku_dir, f"checkpoint_path={run}", "arch=trm", f"load_checkpoint={hrm / 'step_8.pt'}") == 2
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
     assert train(sudoku_dir, f"checkpoint_path={run}", "arch=trm") == 0  # not refused: nothing was claimed
+
+
+@pytest.mark.slow
+def test_a_stop_during_compilation_acts_within_seconds_and_the_length_is_told(sudoku_dir, tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "pretrain.py", "--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}",
+                             f"checkpoint_path={run}", *[t for t in TINY if t != "compile=false"], "compile=true"],
+                            cwd=Path(pretrain.__file__).parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+                                                TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor")))
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "estimated time to the end of the schedule" in line:
+            break
+    time.sleep(1.0)  # inside the first step: the fresh compile cache makes it take tens of seconds
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(lines) + out
+    assert time.monotonic() - start < 15 and "during the first step (compiling)" in out
+    assert not run.exists()  # a fresh run stopped before its first checkpoint leaves nothing
+    assert "estimated time to the end of the schedule: " in "".join(lines)

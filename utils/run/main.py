@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from utils.distributed import Dist, init_distributed
 from utils.errors import RunFailure, UserError
-from utils.run.stop import GracefulStop
+from utils.run.stop import GracefulStop, StoppedAtOnce
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
@@ -86,6 +86,9 @@ def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
         return code
     except (UserError, RunFailure) as e:
         return report_error(e, rank)
+    except StoppedAtOnce as e:
+        print(f"{e}", file=sys.stderr, flush=True)
+        return e.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C: abort at once, without a checkpoint
         print("aborted (second Ctrl-C): no checkpoint was written for the last steps", file=sys.stderr, flush=True)
         return 128 + int(signal.SIGINT)

@@ -3,14 +3,29 @@
 A run stopped by a signal checkpoints, then exits with ``128 + the signal's number`` (130 for SIGINT, 143 for
 SIGTERM), the shell's convention for "ended by a signal": a scheduler sees a non-zero code and can requeue the
 job, which continues with ``resume=auto``. A run exits 0 only when it finished its schedule.
+
+The first step of a process can take minutes (``torch.compile`` builds its kernels then). Inside
+:meth:`GracefulStop.at_once`, a signal stops the run at once (:class:`StoppedAtOnce`), without finishing the step
+or writing a checkpoint: nothing was trained since the last one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from typing import Optional
+from typing import Iterator, Optional
 
 from tqdm import tqdm
+
+
+class StoppedAtOnce(BaseException):
+    """A signal arrived during :meth:`GracefulStop.at_once`; ``exit_code`` is 128 + its number. A BaseException, as
+    KeyboardInterrupt is, so no ``except Exception`` on the way swallows it."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"stopped by {signal_name} during the first step (compiling), before anything was trained "
+                         "since the last checkpoint; nothing needed saving")
+        self.exit_code = 128 + int(signal.Signals[signal_name])
 
 
 class GracefulStop:
@@ -23,6 +38,18 @@ class GracefulStop:
     def __init__(self):
         self.signal_name: Optional[str] = None
         self._previous: dict = {}
+        self._at_once = False
+
+    @contextlib.contextmanager
+    def at_once(self, when: bool = True) -> Iterator[None]:
+        """Within the block (when ``when``), a signal raises :class:`StoppedAtOnce` instead of waiting for the step."""
+        self._at_once = when
+        try:
+            if when and self.requested:
+                raise StoppedAtOnce(self.signal_name)
+            yield
+        finally:
+            self._at_once = False
 
     @property
     def requested(self) -> bool:
@@ -47,4 +74,6 @@ class GracefulStop:
         if self.requested and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signal_name = signal.Signals(signum).name
+        if self._at_once:
+            raise StoppedAtOnce(self.signal_name)
         tqdm.write(f"{self.signal_name} received: finishing this step, then checkpointing (Ctrl-C again to abort)")
