@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = torch.from_numpy(np.stack([t for _, t in puzzles]).astype(np.int32))
     trained = load_trained(args.checkpoint, device, dtype, len(puzzles), seq_len=inputs.shape[1])
     check_fits(trained, task, inputs.shape[1])
+    print(f"model: {trained.note or trained.path} (step {trained.step})")
     batch = {"inputs": inputs.to(device), "labels": inputs.to(device).long(),
              "puzzle_identifiers": torch.zeros(len(puzzles), dtype=torch.int32, device=device)}
     answer = {k: v.cpu() for k, v in reason(trained.head, trained.head, batch, ttc).items()}
