@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from utils.data import sudoku as builder
+from utils.data import sudoku_rating
 from utils.data.puzzle_dataset import ARRAY_FIELDS, IGNORE_LABEL_ID, DatasetError, PuzzleDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +72,9 @@ def test_on_disk_format_matches_the_reference(generated):
     for split, groups, variants in (("train", 10, 4), ("test", 6, 1)):
         d = generated / split
         assert sorted(p.name for p in d.iterdir()) == sorted(["dataset.json"] + [f"all__{f}.npy" for f in ARRAY_FIELDS])
-        assert json.loads((d / "dataset.json").read_text()) == {
+        metadata = json.loads((d / "dataset.json").read_text())
+        assert set(metadata.pop("ratings")) == {"scale", "min", "median", "max", "histogram"}  # ignored by the loaders
+        assert metadata == {
             "pad_id": 0, "ignore_label_id": 0, "blank_identifier_id": 0, "vocab_size": 11, "seq_len": 81,
             "num_puzzle_identifiers": 1, "total_groups": groups, "mean_puzzle_examples": 1.0,
             "total_puzzles": groups, "sets": ["all"]}  # TRM's field too: both references' loaders read it
@@ -175,21 +178,8 @@ def test_generate_distinct_replaces_excluded_grids():
     q2, a2, seen2 = builder.generate_distinct(2, seed=4, stream=0, min_blanks=0, exclude=seen)
     # indices 0..2 are excluded, so the next ones are drawn
     assert not {r.tobytes() for r in a} & {r.tobytes() for r in a2} and len(seen2) == 5
-    expected = np.stack([builder._generate_one(k, 4, 0, 0, None)[1] for k in (3, 4)])
+    expected = np.stack([builder._generate_one(k, 4, 0, min_blanks=0)[1] for k in (3, 4)])
     assert np.array_equal(a2, expected)
-
-
-def test_count_solutions_agrees_with_the_plain_solver():
-    rng = np.random.default_rng(8)
-    _, sol = builder.generate_puzzle(rng, 0)
-    assert builder.count_solutions(sol) == 1 and builder.count_solutions(np.zeros(81, int)) == 2
-    clash = sol.copy()
-    clash[1] = clash[0]
-    assert builder.count_solutions(clash) == 0
-    for blanks in (30, 45, 50, 55, 58, 60, 62, 64):
-        q = sol.copy()
-        q[rng.choice(81, blanks, replace=False)] = 0
-        assert builder.count_solutions(q) == plain_count(q)
 
 
 def test_max_blanks_stops_early_with_a_unique_puzzle():
@@ -203,8 +193,10 @@ def test_max_blanks_stops_early_with_a_unique_puzzle():
 
 def test_unreachable_min_blanks_gives_a_clear_error(monkeypatch):
     monkeypatch.setattr(builder, "MAX_ATTEMPTS", 2)
-    with pytest.raises(DatasetError, match="could not reach 64 blanks in 2 random grids; .* lower --min-blanks"):
+    with pytest.raises(DatasetError, match="could not reach 64 to 64 blanks in 2 random grids; .* widen --min-blanks"):
         builder.generate_puzzle(np.random.default_rng(0), 64)
+    with pytest.raises(DatasetError, match="no puzzle rated >= 1000 among 2 with 0 to 64 blanks .* widen --min-rating"):
+        builder.generate_puzzle(np.random.default_rng(0), 0, min_rating=1000)
 
 
 def test_generation_is_deterministic_for_any_worker_count(generated, tmp_path):
@@ -213,6 +205,66 @@ def test_generation_is_deterministic_for_any_worker_count(generated, tmp_path):
     for split in ("train", "test"):
         first, second = load_split(generated, split), load_split(again, split)
         assert all(np.array_equal(first[k], second[k]) for k in first)
+
+
+@pytest.fixture(scope="module")
+def rated(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rated") / "sudoku"
+    builder.build_dataset(root, generate=True, train_size=8, test_size=4, minimal=True, min_rating=2, max_rating=12,
+                          num_aug=1, seed=3)
+    return root
+
+
+def originals(root, split):
+    a = load_split(root, split)
+    first = a["group_indices"][:-1]
+    return a["inputs"][first] - 1, a["labels"][first] - 1
+
+
+def test_rated_generation_keeps_the_bounds_and_stores_the_distribution(rated):
+    for split in ("train", "test"):
+        questions, answers = originals(rated, split)
+        ratings = [sudoku_rating.rate(q) for q in questions]
+        assert all(2 <= r <= 12 for r in ratings)
+        assert all(plain_count(q) == 1 and np.all((q == 0) | (q == a)) for q, a in zip(questions, answers))
+        stored = json.loads((rated / split / "dataset.json").read_text())["ratings"]
+        assert stored == builder.rating_summary(np.array(ratings), "solver guesses (utils/data/sudoku_rating.rate)")
+        assert sum(stored["histogram"].values()) == len(questions) and stored["min"] >= 2
+
+
+def is_minimal(q):
+    """Every clue is needed: blanking any one of them lets the plain solver find a second solution."""
+    for i in np.flatnonzero(q):
+        fewer = q.copy()
+        fewer[i] = 0
+        if plain_count(fewer) < 2:
+            return False
+    return True
+
+
+def test_minimal_puzzles_are_minimal(rated):
+    questions, _ = originals(rated, "test")
+    assert all(is_minimal(q) for q in questions)
+    rng = np.random.default_rng(6)
+    q, _ = builder.generate_puzzle(rng, 0, 56, minimal=True)  # --max-blanks then selects among minimal puzzles
+    assert (q == 0).sum() <= 56 and is_minimal(q)
+    q, _ = builder.generate_puzzle(rng, 40, 40)  # without --minimal it stops at 40 blanks: clues to spare
+    assert not is_minimal(q)
+
+
+def test_max_rating_keeps_easy_puzzles():
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        q, _ = builder.generate_puzzle(rng, 0, max_rating=0)
+        assert sudoku_rating.rate(q) == 0 and plain_count(q) == 1
+
+
+def test_rated_generation_is_deterministic_for_any_worker_count(rated, tmp_path):
+    again = builder.build_dataset(tmp_path / "again", generate=True, train_size=8, test_size=4, minimal=True,
+                                  min_rating=2, max_rating=12, num_aug=1, seed=3, workers=2)
+    for split in ("train", "test"):
+        for name in [f"all__{f}.npy" for f in ARRAY_FIELDS] + ["dataset.json"]:
+            assert (rated / split / name).read_bytes() == (again / split / name).read_bytes()
 
 
 def csv_rows(n, seed):
@@ -234,7 +286,9 @@ def test_csv_round_trip(tmp_path):
     train, test = csv_rows(6, 1), csv_rows(4, 2)
     write_csv(source / "train.csv", train)
     write_csv(source / "test.csv", test)
-    root = builder.build_dataset(tmp_path / "ds", source_dir=source, min_difficulty=2, subsample_size=3, num_aug=2, seed=0)
+    with pytest.warns(FutureWarning, match="--min-difficulty .* is deprecated: use --min-rating"):
+        root = builder.build_dataset(tmp_path / "ds", source_dir=source, min_difficulty=2, subsample_size=3, num_aug=2,
+                                     seed=0)
 
     def tokens(text):
         return [1 if ch == "." else int(ch) + 1 for ch in text]
@@ -247,6 +301,24 @@ def test_csv_round_trip(tmp_path):
     kept = {(tuple(tokens(r[1])), tuple(tokens(r[2]))) for r in train[2:]}
     chosen = {(tuple(tr["inputs"][i]), tuple(tr["labels"][i])) for i in originals}
     assert chosen <= kept and len(chosen) == 3
+    # The stored distribution is the CSV's rating column of the rows kept (ratings are row numbers here).
+    chosen_ratings = sorted(int(r[3]) for r in train[2:] if (tuple(tokens(r[1])), tuple(tokens(r[2]))) in chosen)
+    assert json.loads((root / "train" / "dataset.json").read_text())["ratings"] == builder.rating_summary(
+        np.array(chosen_ratings), "rating column of the source CSV")
+    assert json.loads((root / "test" / "dataset.json").read_text())["ratings"]["histogram"] == {"2-3": 2}
+
+
+def test_csv_rating_bounds(tmp_path):
+    path = tmp_path / "train.csv"
+    rows = csv_rows(6, 4)  # ratings 0..5
+    write_csv(path, rows)
+    q, a, r = builder.read_sudoku_csv(path, min_rating=1, max_rating=3)
+    assert r.tolist() == [1, 2, 3] and q.shape == a.shape == (3, 81)
+    assert [int("".join(map(str, row))) for row in a] == [int(row[2]) for row in rows[1:4]]
+    assert builder.read_sudoku_csv(path)[2].tolist() == list(range(6))
+    assert builder.read_sudoku_csv(path, max_rating=0)[2].tolist() == [0]
+    with pytest.raises(DatasetError, match=r"train.csv: no puzzles rated 7 to 9: widen --min-rating/--max-rating"):
+        builder.read_sudoku_csv(path, min_rating=7, max_rating=9)
 
 
 def set_field(rows, row, column, value):
@@ -298,7 +370,7 @@ def test_malformed_csv_names_the_line(tmp_path, valid_rows, line, corrupt, messa
         corrupt(rows)
         write_csv(path, rows)
     with pytest.raises(DatasetError, match=f"train.csv:{line}: .*{message}"):
-        builder.read_sudoku_csv(path, min_difficulty=0, chunk_rows=chunk_rows)
+        builder.read_sudoku_csv(path, min_rating=0, chunk_rows=chunk_rows)
 
 
 def test_build_argument_errors(tmp_path):
@@ -306,8 +378,16 @@ def test_build_argument_errors(tmp_path):
         builder.build_dataset(tmp_path / "x")
     with pytest.raises(DatasetError, match="choose exactly one source"):
         builder.build_dataset(tmp_path / "x", source_dir=tmp_path, generate=True)
-    with pytest.raises(DatasetError, match="--min-difficulty .* use it with --source-dir"):
-        builder.build_dataset(tmp_path / "x", generate=True, min_difficulty=3)
+    with pytest.raises(DatasetError, match="--min-difficulty is the old name of --min-rating: give one, not both"):
+        builder.build_dataset(tmp_path / "x", generate=True, min_difficulty=3, min_rating=2)
+    with pytest.raises(DatasetError, match="--min-rating must be >= 0, got -1"):
+        builder.build_dataset(tmp_path / "x", generate=True, min_rating=-1)
+    with pytest.raises(DatasetError, match="--max-rating must be >= --min-rating=0, got -2"):
+        builder.build_dataset(tmp_path / "x", generate=True, max_rating=-2)
+    with pytest.raises(DatasetError, match="--max-rating must be >= --min-rating=5, got 3"):
+        builder.build_dataset(tmp_path / "x", source_dir=tmp_path, min_rating=5, max_rating=3)
+    with pytest.raises(DatasetError, match="--minimal shapes generated puzzles: use it with --generate"):
+        builder.build_dataset(tmp_path / "x", source_dir=tmp_path, minimal=True)
     with pytest.raises(DatasetError, match=r"--min-blanks must be in \[0, 64\]"):
         builder.build_dataset(tmp_path / "x", generate=True, min_blanks=70)
     with pytest.raises(DatasetError, match="--num-aug must be >= 0"):
@@ -345,6 +425,12 @@ def test_cli(tmp_path, capsys, monkeypatch):
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == ("error: choose exactly one source: --source-dir DIR "
                                                "(Sudoku-Extreme train.csv/test.csv) or --generate")
+    for flags, message in ((["--min-rating", "5", "--max-rating", "2"], "--max-rating must be >= --min-rating=5, got 2"),
+                           (["--min-rating", "-1"], "--min-rating must be >= 0, got -1")):
+        monkeypatch.setattr(sys, "argv", ["build_sudoku_dataset.py", "--generate", "--output-dir", str(tmp_path / "x"), *flags])
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(str(REPO / "scripts" / "build_sudoku_dataset.py"), run_name="__main__")
+        assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == f"error: {message}"
     # As a real script process (its own sys.path setup), end to end.
     out = tmp_path / "cli"
     result = subprocess.run([sys.executable, "scripts/build_sudoku_dataset.py", "--generate", "--train-size", "2",

@@ -4,7 +4,9 @@ Two sources:
   * ``--source-dir DIR``: the Sudoku-Extreme CSVs (``train.csv``, ``test.csv``; columns
     ``source,question,answer,rating``; the Hugging Face dataset ``sapientinc/sudoku-extreme``).
   * ``--generate``: offline generation of unique-solution puzzles: a random full grid, then
-    clues removed in random order while the solution stays unique (a minimal puzzle).
+    clues removed in random order while the solution stays unique (a minimal puzzle), kept when its
+    blanks and its rating (utils/data/sudoku_rating.py: the solver's guesses, 0 = naked and hidden
+    singles solve it) are within the bounds asked for.
 
 Tokens follow the reference builder (``sapientinc/HRM`` dataset/build_sudoku_dataset.py):
 pad 0, blank 1, digit d -> d + 1 (vocab 11), seq_len 81, every cell supervised, one puzzle
@@ -23,6 +25,7 @@ import argparse
 import csv
 import json
 import os
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -30,6 +33,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data import common
+from utils.data import sudoku_rating
 from utils.data.common import check_output_dir, check_source_and_sizes, staged_dataset, write_one_example_split
 from utils.data.puzzle_dataset import DatasetError
 from utils.run.main import ArgumentParser
@@ -38,188 +42,88 @@ SEQ_LEN = 81
 VOCAB_SIZE = 11  # pad, blank, digits 1..9
 CSV_HEADER = ["source", "question", "answer", "rating"]
 MAX_BLANKS = 81 - 17  # no 9x9 Sudoku with fewer than 17 clues has a unique solution
-MAX_ATTEMPTS = 200  # full grids tried per puzzle before giving up on --min-blanks
+MAX_ATTEMPTS = 200  # full grids tried per puzzle before giving up on the blank and rating bounds
+_ALL_DIGITS = 0x3FE  # digits 1..9 as bits 1..9
+
+
+def _bounds(low: int | None, high: int | None) -> str:
+    """``low`` to ``high`` in words, for messages; None is unbounded."""
+    if high is None:
+        return f">= {low or 0}"
+    return f"<= {high}" if low is None else f"{low} to {high}"
+
 
 # ----------------------------------------------------------------------------------------
-# Solver: digits live in bits 1..9 of row/column/box masks. Each search level first sweeps the
-# empty cells, placing every cell that has a single candidate, until nothing changes; then it
-# branches on the cell with the fewest candidates. Pure Python, ~13 ms of CPU per generated puzzle.
-
-_FULL = 0x3FE
-_ROW = [i // 9 for i in range(81)]
-_COL = [i % 9 for i in range(81)]
-_BOX = [(i // 27) * 3 + (i % 9) // 3 for i in range(81)]
-_POPCOUNT = [bin(m).count("1") for m in range(1024)]
-_DIGITS = [[d for d in range(1, 10) if m >> d & 1] for m in range(1024)]
+# Generation
 
 
-class _Board:
-    """A 9x9 grid (list of 81 digits, 0 = blank) with its row/column/box digit masks."""
+def generate_puzzle(rng: np.random.Generator, min_blanks: int, max_blanks: int | None = None, minimal: bool = False,
+                    min_rating: int = 0, max_rating: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One unique-solution puzzle with ``min_blanks`` to ``max_blanks`` blanks, rated in [min_rating, max_rating].
 
-    def __init__(self, cells):
-        self.cells = [int(d) for d in cells]
-        self.rows, self.cols, self.boxes = [0] * 9, [0] * 9, [0] * 9
-        self.empties = []
-        for i, d in enumerate(self.cells):
-            if d:
-                self.place(i, d)
-            else:
-                self.empties.append(i)
-
-    def place(self, i: int, d: int) -> None:
-        bit = 1 << d
-        self.cells[i] = d
-        self.rows[_ROW[i]] |= bit
-        self.cols[_COL[i]] |= bit
-        self.boxes[_BOX[i]] |= bit
-
-    def clear(self, i: int) -> None:
-        bit = ~(1 << self.cells[i])
-        self.cells[i] = 0
-        self.rows[_ROW[i]] &= bit
-        self.cols[_COL[i]] &= bit
-        self.boxes[_BOX[i]] &= bit
-
-    def search(self, limit: int, forbid_cell: int = -1, forbid_digit: int = 0, rng=None, found=None) -> int:
-        """Count solutions up to ``limit``; ``forbid_cell`` may not take ``forbid_digit``.
-
-        Clues are assumed consistent. ``rng`` randomises the digit order (grid generation);
-        solutions are appended to ``found`` when given. The board is left unchanged.
-        """
-        cells, rows, cols, boxes = self.cells, self.rows, self.cols, self.boxes
-        forbid_mask = ~(1 << forbid_digit) if forbid_digit else -1
-
-        def recurse(empties: list[int]) -> int:
-            placed = []
-            try:
-                progress = True
-                while progress:
-                    progress, rest, best_n = False, [], 10
-                    for i in empties:
-                        r, c, b = _ROW[i], _COL[i], _BOX[i]
-                        m = _FULL & ~(rows[r] | cols[c] | boxes[b])
-                        if i == forbid_cell:
-                            m &= forbid_mask
-                        n = _POPCOUNT[m]
-                        if n == 1:  # naked single: place it now, peers later in this sweep see it
-                            cells[i] = m.bit_length() - 1
-                            rows[r] |= m
-                            cols[c] |= m
-                            boxes[b] |= m
-                            placed.append(i)
-                            progress = True
-                        elif n == 0:
-                            return 0
-                        else:
-                            rest.append(i)
-                            if n < best_n:
-                                best_n, best_i, best_m = n, i, m
-                    empties = rest
-                if not empties:
-                    if found is not None:
-                        found.append(list(cells))
-                    return 1
-                rest.remove(best_i)
-                digits = _DIGITS[best_m]
-                if rng is not None:
-                    digits = [digits[k] for k in rng.permutation(len(digits))]
-                total = 0
-                for d in digits:
-                    self.place(best_i, d)
-                    total += recurse(rest)
-                    self.clear(best_i)
-                    if total >= limit:
-                        break
-                return total
-            finally:
-                for i in placed:
-                    self.clear(i)
-
-        return recurse(list(self.empties))
-
-
-def count_solutions(grid, limit: int = 2) -> int:
-    """Number of solutions of a puzzle, counted up to ``limit``.
+    A full grid is drawn at random by the solver's search on an empty grid (random digit order at each branch),
+    then clues are removed in random order; a removal is kept when no solution gives that cell another digit
+    (the puzzle had a unique solution before, so that is exactly "the solution stays unique"). Removal stops
+    at ``max_blanks`` unless ``minimal``; otherwise every cell is tried once, which leaves a minimal puzzle
+    (no clue can go: a clue whose removal once allowed a second solution still does with fewer clues), with
+    53-60 blanks. The puzzle is kept when its blanks are in [min_blanks, max_blanks] and its
+    :func:`~utils.data.sudoku_rating.rate` is in [min_rating, max_rating]; else a new grid is drawn.
 
     Args:
-        grid: 81 digits (any int sequence or array), 0 = blank, row-major.
-    Returns:
-        0 if the clues conflict or there is no solution, else min(#solutions, limit).
-    """
-    board = _Board(np.asarray(grid).reshape(81))
-    if not is_consistent(board.cells):
-        return 0
-    return board.search(limit)
-
-
-def is_consistent(cells) -> bool:
-    """True when no digit repeats in a row, column or box (blanks ignored)."""
-    board = _Board([0] * 81)
-    for i, d in enumerate(cells):
-        if d:
-            bit = 1 << d
-            if (board.rows[_ROW[i]] | board.cols[_COL[i]] | board.boxes[_BOX[i]]) & bit:
-                return False
-            board.place(i, d)
-    return True
-
-
-def generate_puzzle(rng: np.random.Generator, min_blanks: int,
-                    max_blanks: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """One unique-solution puzzle with ``min_blanks`` to ``max_blanks`` blanks.
-
-    A random full grid is drawn, then clues are removed in random order; a removal is kept
-    when no solution gives that cell another digit (the puzzle had a unique solution before,
-    so that is exactly "the solution stays unique"). Removal stops at ``max_blanks``; without
-    it, every cell is tried and the puzzle is minimal (every clue necessary), which gives
-    53-60 blanks. Grids are redrawn until ``min_blanks`` is reached.
-
+        max_blanks: None: no upper bound (every puzzle is then minimal).
+        max_rating: None: no upper bound.
     Returns:
         (question, answer): uint8 [81] digits, 0 = blank in the question.
     Raises:
-        DatasetError: ``min_blanks`` was not reached in ``MAX_ATTEMPTS`` grids.
+        DatasetError: no puzzle met the bounds in ``MAX_ATTEMPTS`` grids (the message says which bound).
     """
+    stop = MAX_BLANKS + 1 if minimal or max_blanks is None else max_blanks
+    max_blanks = MAX_BLANKS if max_blanks is None else max_blanks
+    enough_blanks = 0
     for _ in range(MAX_ATTEMPTS):
-        found = []
-        _Board([0] * 81).search(1, rng=rng, found=found)
-        answer = found[0]
-        board = _Board(answer)
+        answer = sudoku_rating.search([0] * 81, rng=rng).solution
+        cells, blanks = list(answer), 0
         for i in rng.permutation(81).tolist():
-            if len(board.empties) == max_blanks:
+            if blanks == stop:
                 break
-            d = board.cells[i]
-            board.clear(i)
-            board.empties.append(i)
-            if board.search(1, forbid_cell=i, forbid_digit=d):
-                board.empties.pop()
-                board.place(i, d)
-        if len(board.empties) >= min_blanks:
-            return np.array(board.cells, np.uint8), np.array(answer, np.uint8)
-    raise DatasetError(
-        f"could not reach {min_blanks} blanks in {MAX_ATTEMPTS} random grids; "
-        "minimal puzzles from this generator have 53-60 blanks, lower --min-blanks"
-    )
+            d, cells[i] = cells[i], 0
+            if sudoku_rating.search(cells, exclude=(i, d)).count:
+                cells[i] = d
+            else:
+                blanks += 1
+        if min_blanks <= blanks <= max_blanks:
+            enough_blanks += 1
+            r = sudoku_rating.rate(cells)
+            if min_rating <= r and (max_rating is None or r <= max_rating):
+                return np.array(cells, np.uint8), np.array(answer, np.uint8)
+    if not enough_blanks:
+        raise DatasetError(f"could not reach {min_blanks} to {max_blanks} blanks in {MAX_ATTEMPTS} random grids; "
+                           "minimal puzzles from this generator have 53-60 blanks: widen --min-blanks/--max-blanks")
+    raise DatasetError(f"no puzzle rated {_bounds(min_rating, max_rating)} among {enough_blanks} with {min_blanks} to "
+                       f"{max_blanks} blanks ({MAX_ATTEMPTS} random grids); about 60% of minimal puzzles rate >= 1, "
+                       "fewer rate higher: widen --min-rating/--max-rating")
 
 
-def _generate_one(index: int, seed: int, stream: int, min_blanks: int,
-                  max_blanks: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _generate_one(index: int, seed: int, stream: int, **bounds) -> tuple[np.ndarray, np.ndarray]:
     # Each puzzle has its own RNG, so the output does not depend on --workers.
-    return generate_puzzle(np.random.default_rng([seed, stream, index]), min_blanks, max_blanks)
+    return generate_puzzle(np.random.default_rng([seed, stream, index]), **bounds)
 
 
 def generate_distinct(count: int, seed: int, stream: int, min_blanks: int, max_blanks: int | None = None,
-                      workers: int = 1, exclude: set[bytes] | None = None,
-                      desc: str = "generate") -> tuple[np.ndarray, np.ndarray, set[bytes]]:
+                      workers: int = 1, exclude: set[bytes] | None = None, desc: str = "generate", minimal: bool = False,
+                      min_rating: int = 0, max_rating: int | None = None) -> tuple[np.ndarray, np.ndarray, set[bytes]]:
     """Generate ``count`` puzzles whose solution grids are pairwise non-equivalent and not in ``exclude``.
 
-    Puzzle k of ``stream`` is always drawn from the RNG seeded ``[seed, stream, k]``; rejected
-    puzzles are replaced by the next indices. Equivalence is judged by ``grid_fingerprints``.
+    Puzzle k of ``stream`` is always drawn from the RNG seeded ``[seed, stream, k]`` by :func:`generate_puzzle`
+    (with the bounds given here); rejected puzzles are replaced by the next indices. Equivalence is judged by
+    ``grid_fingerprints``.
 
     Returns:
         questions uint8 [count, 81], answers uint8 [count, 81] (digits, 0 = blank),
         and the fingerprints seen (``exclude`` plus the new ones).
     """
-    work = partial(_generate_one, seed=seed, stream=stream, min_blanks=min_blanks, max_blanks=max_blanks)
+    work = partial(_generate_one, seed=seed, stream=stream, min_blanks=min_blanks, max_blanks=max_blanks,
+                   minimal=minimal, min_rating=min_rating, max_rating=max_rating)
     return common.generate_distinct(work, lambda q, a: grid_fingerprints(a[None])[0], count, workers, exclude, desc,
                                     unit="puzzle", chunksize=8)
 
@@ -317,23 +221,24 @@ def _check_chunk(path: Path, lines: list[int], q: np.ndarray, a: np.ndarray) -> 
     masks = 1 << a.astype(np.int32).reshape(-1, 9, 9)
     boxes = masks.reshape(-1, 3, 3, 3, 3).transpose(0, 1, 3, 2, 4).reshape(-1, 9, 9)
     for unit, group in (("row", masks), ("column", masks.transpose(0, 2, 1)), ("box", boxes)):
-        checks.append((np.bitwise_or.reduce(group, axis=2) != _FULL, f"answer repeats a digit in a {unit}"))
+        checks.append((np.bitwise_or.reduce(group, axis=2) != _ALL_DIGITS, f"answer repeats a digit in a {unit}"))
     for bad, message in checks:
         row = _first_bad_row(bad.reshape(len(bad), -1).any(axis=1))
         if row is not None:
             raise DatasetError(f"{path}:{lines[row]}: {message}; fix or drop that row")
 
 
-def read_sudoku_csv(path: str | os.PathLike, min_difficulty: int | None = None,
-                    chunk_rows: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
+def read_sudoku_csv(path: str | os.PathLike, min_rating: int | None = None, max_rating: int | None = None,
+                    chunk_rows: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read a Sudoku-Extreme CSV (header ``source,question,answer,rating``).
 
     Questions use ``.`` (or ``0``) for blanks and digits 1-9; answers are 81 digits that
-    agree with the clues and form a valid grid. Rows with ``rating < min_difficulty`` are
-    skipped.
+    agree with the clues and form a valid grid; ratings are integers (Sudoku-Extreme's: its
+    solver's backtrack count). Rows rated outside [min_rating, max_rating] (None: unbounded)
+    are skipped.
 
     Returns:
-        questions, answers: uint8 [N, 81] digits, 0 = blank.
+        questions, answers: uint8 [N, 81] digits, 0 = blank; ratings: int64 [N].
     Raises:
         DatasetError: missing file, bad header, or a malformed row (message gives file:line).
     """
@@ -344,7 +249,9 @@ def read_sudoku_csv(path: str | os.PathLike, min_difficulty: int | None = None,
     digits = np.full(256, 255, np.uint8)  # byte -> digit, 255 = not allowed
     digits[ord("0"):ord("9") + 1] = np.arange(10)
     digits[ord(".")] = 0
-    questions, answers = [], []
+    questions, answers, ratings = [], [], []
+    low = -np.inf if min_rating is None else min_rating
+    high = np.inf if max_rating is None else max_rating
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
@@ -374,16 +281,17 @@ def read_sudoku_csv(path: str | os.PathLike, min_difficulty: int | None = None,
                 _, q, a, rating = row
                 if len(q) != 81 or len(a) != 81:
                     raise DatasetError(f"{where}: question and answer must be 81 characters, got {len(q)} and {len(a)}")
-                if min_difficulty is not None:
-                    try:
-                        if int(rating) < min_difficulty:
-                            continue
-                    except ValueError:
-                        raise DatasetError(f"{where}: rating {rating!r} is not an integer") from None
+                try:
+                    rating = int(rating)
+                except ValueError:
+                    raise DatasetError(f"{where}: rating {rating!r} is not an integer") from None
+                if not low <= rating <= high:
+                    continue
                 if not (q.isascii() and a.isascii()):
                     raise DatasetError(f"{where}: question/answer may only hold digits 1-9 and '.' for blanks")
                 lines.append(reader.line_num)
                 text.append((q + a).encode())
+                ratings.append(rating)
                 if len(lines) == chunk_rows:
                     flush()
             if lines:
@@ -392,8 +300,10 @@ def read_sudoku_csv(path: str | os.PathLike, min_difficulty: int | None = None,
         raise DatasetError(f"{path} is not UTF-8 text ({e.reason}); Sudoku-Extreme CSVs are ASCII: "
                            "re-save the file as UTF-8") from None
     if not questions:
-        raise DatasetError(f"{path}: no puzzles" + (f" with rating >= {min_difficulty}" if min_difficulty is not None else ""))
-    return np.concatenate(questions), np.concatenate(answers)
+        bounds = min_rating is not None or max_rating is not None
+        raise DatasetError(f"{path}: no puzzles" + (f" rated {_bounds(min_rating, max_rating)}: widen --min-rating/--max-rating"
+                                                    if bounds else ""))
+    return np.concatenate(questions), np.concatenate(answers), np.array(ratings, np.int64)
 
 
 # ----------------------------------------------------------------------------------------
@@ -415,8 +325,37 @@ def _write_split(directory: Path, questions: np.ndarray, answers: np.ndarray, nu
     write_one_example_split(directory, inputs + 1, labels + 1, variants, VOCAB_SIZE)
 
 
+def rating_summary(ratings: np.ndarray, scale: str) -> dict:
+    """The distribution of a split's ratings, as stored under ``ratings`` in its ``dataset.json``.
+
+    Args:
+        ratings: int [N] one rating per original puzzle (augmentations are not rated).
+        scale: what the numbers count, e.g. "solver guesses (utils/data/sudoku_rating.rate)".
+    Returns:
+        {"scale", "min", "median", "max", "histogram"}: the histogram maps "0", "1", "2-3", "4-7", ...
+        (powers of two) to puzzle counts, empty bins left out; negative ratings fall in one "<0" bin.
+    """
+    ratings = np.asarray(ratings, np.int64)
+    histogram = {}
+    for r in np.sort(ratings).tolist():
+        lo = 1 << (r.bit_length() - 1) if r > 0 else r
+        name = "<0" if r < 0 else str(r) if r < 2 else f"{lo}-{2 * lo - 1}"
+        histogram[name] = histogram.get(name, 0) + 1
+    return {"scale": scale, "min": int(ratings.min()), "median": float(np.median(ratings)), "max": int(ratings.max()),
+            "histogram": histogram}
+
+
+def _add_ratings(directory: Path, summary: dict) -> None:
+    """Add ``summary`` to the split's ``dataset.json`` under ``ratings`` (the reference loaders ignore extra keys)."""
+    path = directory / "dataset.json"
+    metadata = json.loads(path.read_text())
+    metadata["ratings"] = summary
+    path.write_text(json.dumps(metadata))
+
+
 def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLike | None = None, generate: bool = False,
                   train_size: int = 1000, test_size: int = 1000, min_blanks: int = 45, max_blanks: int | None = None,
+                  minimal: bool = False, min_rating: int | None = None, max_rating: int | None = None,
                   min_difficulty: int | None = None, subsample_size: int | None = None, num_aug: int = 0, seed: int = 0,
                   workers: int = 1, overwrite: bool = False) -> Path:
     """Build a Sudoku dataset at ``output_dir`` from Sudoku-Extreme CSVs or by generation.
@@ -425,13 +364,20 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     interrupted build never leaves a half-written dataset. Deterministic for a given seed
     (also for any ``workers``). Generated test grids are never equivalent (under the Sudoku
     symmetries) to a training grid, so no test puzzle is a training puzzle or an augmentation of one.
+    Each split's ``dataset.json`` also holds its rating distribution (:func:`rating_summary`; generated
+    puzzles rated by :func:`utils.data.sudoku_rating.rate`, CSV rows by their ``rating`` column), which is
+    printed at the end.
 
     Args:
         output_dir: dataset root to create (see utils/data/puzzle_dataset.py for the layout).
         source_dir: directory with ``train.csv`` and ``test.csv`` (exclusive with ``generate``).
         generate: generate ``train_size`` + ``test_size`` puzzles with ``min_blanks`` to ``max_blanks``
             blanks (``max_blanks`` None: as many as uniqueness allows, 53-60).
-        min_difficulty: keep CSV rows with rating >= this (``source_dir`` only).
+        minimal: ``generate`` only: remove every clue that uniqueness allows (the default without
+            ``max_blanks``); ``min_blanks``/``max_blanks`` then only select among minimal puzzles.
+        min_rating, max_rating: keep puzzles rated in this range (None: unbounded): generated ones by
+            rejection, CSV rows by their ``rating`` column.
+        min_difficulty: deprecated name of ``min_rating``.
         subsample_size: keep this many randomly chosen training puzzles (before augmentation).
         num_aug: augmented variants per training puzzle (the test set is not augmented).
         workers: processes for generation.
@@ -439,7 +385,7 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     Returns:
         ``output_dir`` as a Path.
     Raises:
-        DatasetError: bad arguments, bad CSV content, or a non-empty ``output_dir``.
+        DatasetError: bad arguments, bad CSV content, unreachable bounds, or a non-empty ``output_dir``.
     """
     output_dir = Path(output_dir)
     check_source_and_sizes(source_dir, generate, "Sudoku-Extreme train.csv/test.csv",
@@ -449,28 +395,53 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
         raise DatasetError(f"--min-blanks must be in [0, {MAX_BLANKS}] (a unique Sudoku needs 17 clues), got {min_blanks}")
     if max_blanks is not None and not min_blanks <= max_blanks <= MAX_BLANKS:
         raise DatasetError(f"--max-blanks must be in [--min-blanks={min_blanks}, {MAX_BLANKS}], got {max_blanks}")
-    if generate and min_difficulty is not None:
-        raise DatasetError("--min-difficulty filters Sudoku-Extreme ratings; use it with --source-dir, not --generate")
+    if min_difficulty is not None:
+        if min_rating is not None and min_rating != min_difficulty:
+            raise DatasetError(f"--min-difficulty is the old name of --min-rating: give one, not both "
+                               f"({min_difficulty} and {min_rating})")
+        warnings.warn("--min-difficulty (min_difficulty) is deprecated: use --min-rating (min_rating)", FutureWarning,
+                      stacklevel=2)
+        min_rating = min_difficulty
+    if min_rating is not None and min_rating < 0:
+        raise DatasetError(f"--min-rating must be >= 0, got {min_rating}")
+    if max_rating is not None and max_rating < (min_rating or 0):
+        raise DatasetError(f"--max-rating must be >= --min-rating={min_rating or 0}, got {max_rating}")
+    if minimal and not generate:
+        raise DatasetError("--minimal shapes generated puzzles: use it with --generate, not --source-dir")
     check_output_dir(output_dir, overwrite)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     if generate:
+        bounds = dict(minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
         train_q, train_a, test_q, test_a = common.generate_train_test(
             lambda count, stream, exclude, desc: generate_distinct(count, seed, stream, min_blanks, max_blanks, workers,
-                                                                   exclude, desc),
+                                                                   exclude, desc, **bounds),
             train_size, test_size, workers, "puzzles")
+        scale = "solver guesses (utils/data/sudoku_rating.rate)"
+        train_r, test_r = (np.array([sudoku_rating.rate(q) for q in qs], np.int64) for qs in (train_q, test_q))
     else:
         source_dir = Path(source_dir)
-        train_q, train_a = read_sudoku_csv(source_dir / "train.csv", min_difficulty)
-        test_q, test_a = read_sudoku_csv(source_dir / "test.csv", min_difficulty)
-    train_q, train_a = common.subsample_training(train_q, train_a, subsample_size, subsample_rng, "puzzles")
+        train_q, train_a, train_r = read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating)
+        test_q, test_a, test_r = read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating)
+        scale = "rating column of the source CSV"
+    # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
+    keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
+                                        subsample_rng, "puzzles")
+    train_q, train_a, train_r = train_q[keep], train_a[keep], train_r[keep]
 
+    summaries = {"train": rating_summary(train_r, scale), "test": rating_summary(test_r, scale)}
     with staged_dataset(output_dir) as staging:
         _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
         _write_split(staging / "test", test_q, test_a, 0, augment_rng)
+        for split, summary in summaries.items():
+            _add_ratings(staging / split, summary)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
     print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
+    for split, summary in summaries.items():
+        bins = ", ".join(f"{name}: {count}" for name, count in summary["histogram"].items())
+        print(f"ratings {split}, {summary['scale']}: min {summary['min']}, median {summary['median']:g}, "
+              f"max {summary['max']}; histogram {bins}")
     return output_dir
 
 
@@ -478,12 +449,14 @@ def main(argv: list[str] | None = None) -> Path:
     """Command-line entry point; returns the dataset path.
 
     Raises:
-        DatasetError: as ``build_dataset`` (run as a script, it is printed as one line, exit status 1).
+        DatasetError: as ``build_dataset`` (run as a script, it is printed as one line, exit status 2).
     """
     parser = ArgumentParser(
         description=__doc__.split("\n\n")[0] + " Reads Sudoku-Extreme CSVs or generates unique-solution puzzles offline.",
         epilog="examples:\n"
                "  python scripts/build_sudoku_dataset.py --generate --output-dir data/sudoku-gen-1k-aug-1000 --num-aug 1000\n"
+               "  python scripts/build_sudoku_dataset.py --generate --minimal --min-rating 1 --output-dir data/sudoku-gen-hard-1k "
+               "--workers 2\n"
                "  python scripts/build_sudoku_dataset.py --source-dir data/raw/sudoku-extreme "
                "--output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -498,7 +471,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--num-aug", type=int, default=0,
                         help="augmented variants per training puzzle (default 0; the 1k recipe uses 1000)")
     parser.add_argument("--seed", type=int, default=0, help="seed for generation, subsampling and augmentation (default 0)")
-    parser.add_argument("--min-difficulty", type=int, help="--source-dir only: keep puzzles with rating >= this")
+    parser.add_argument("--min-rating", type=int,
+                        help="keep puzzles rated >= this: generated ones by the solver's guess count (0 = naked and "
+                             "hidden singles solve it; 1 keeps puzzles that need search), CSV rows by their rating column")
+    parser.add_argument("--max-rating", type=int, help="keep puzzles rated <= this (same scales as --min-rating)")
+    parser.add_argument("--min-difficulty", type=int, help="deprecated: the old name of --min-rating")
     parser.add_argument("--train-size", type=int, default=1000, help="--generate only: training puzzles (default 1000)")
     parser.add_argument("--test-size", type=int, default=1000, help="--generate only: test puzzles (default 1000)")
     parser.add_argument("--min-blanks", type=int, default=45,
@@ -506,12 +483,17 @@ def main(argv: list[str] | None = None) -> Path:
                              "minimal puzzles have 53-60)")
     parser.add_argument("--max-blanks", type=int,
                         help="--generate only: stop removing clues at this many blanks for easier puzzles "
-                             "(default: remove all that uniqueness allows)")
+                             "(default: remove all that uniqueness allows); with --minimal, keep only minimal puzzles "
+                             "with at most this many")
+    parser.add_argument("--minimal", action="store_true",
+                        help="--generate only: minimal puzzles, no clue removable with the solution staying unique "
+                             "(the default without --max-blanks)")
     parser.add_argument("--workers", type=int, default=1, help="--generate only: worker processes (default 1)")
     args = parser.parse_args(argv)
     return build_dataset(
         args.output_dir, source_dir=args.source_dir, generate=args.generate, train_size=args.train_size,
-        test_size=args.test_size, min_blanks=args.min_blanks, max_blanks=args.max_blanks, min_difficulty=args.min_difficulty,
+        test_size=args.test_size, min_blanks=args.min_blanks, max_blanks=args.max_blanks, minimal=args.minimal,
+        min_rating=args.min_rating, max_rating=args.max_rating, min_difficulty=args.min_difficulty,
         subsample_size=args.subsample_size, num_aug=args.num_aug, seed=args.seed, workers=args.workers,
         overwrite=args.overwrite,
     )
