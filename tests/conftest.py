@@ -33,3 +33,14 @@ def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
             proc.kill()
             raise AssertionError(f"timed out waiting for {path}")
         time.sleep(0.02)
+
+
+def wait_for_training(metrics: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    """Wait until ``metrics`` (a run's metrics.jsonl) holds a point: the run is past its first step, where a signal
+    stops it at once with nothing to save (utils/run/stop.py), and a stop now finishes a step and checkpoints."""
+    deadline = time.time() + timeout
+    while not (metrics.exists() and metrics.read_text()):
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended before logging to {metrics}:\n{proc.stdout.read() if proc.stdout else ''}")
+        assert time.time() < deadline, f"timed out waiting for a point in {metrics}"
+        time.sleep(0.05)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import make_sudoku
+from tests.conftest import make_sudoku, wait_for_training
 from utils.run.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,10 +104,7 @@ def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, tmp_path):
                              "c10d", "--rdzv-endpoint", "localhost:0", "pretrain.py", *common,
                              f"checkpoint_path={stopped_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 120
-    while not (stopped_dir / "metrics.jsonl").exists():  # training has started: the stop handler is in place
-        assert proc.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    wait_for_training(stopped_dir / "metrics.jsonl", proc)
     proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
     out, _ = proc.communicate(timeout=120)
     ckpts = sorted(stopped_dir.glob("step_*.pt"))

@@ -15,7 +15,7 @@ import evaluate
 import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from tests.conftest import wait_for
+from tests.conftest import wait_for, wait_for_training
 from utils.run.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
 
@@ -69,7 +69,7 @@ def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path):
 def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir, tmp_path):
     run = tmp_path / "run"
     proc = spawn(args(sudoku_dir, run, "epochs=40", "eval_interval=20"))
-    wait_for(run / "metrics.jsonl", proc)  # training has started
+    wait_for_training(run / "metrics.jsonl", proc)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, out  # non-zero: a scheduler requeues a stopped run
