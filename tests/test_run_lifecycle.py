@@ -176,14 +176,16 @@ def full_disk_after(real, good_writes: int, counted=lambda f: True):
     return write
 
 
-@pytest.mark.parametrize("fail_on,resumable", [(1, False), (2, True)])
+# The writes: step_8.pt, best.pt (the first evaluation is the best so far), step_16.pt, ...
+@pytest.mark.parametrize("fail_on,name,resumable", [(1, "step_8.pt", False), (2, "best.pt", True),
+                                                    (3, "step_16.pt", True)])
 def test_a_failed_write_mid_run_keeps_the_last_checkpoint_and_exits_1(sudoku_dir, tmp_path, monkeypatch, capsys,
-                                                                    fail_on, resumable):
+                                                                    fail_on, name, resumable):
     monkeypatch.setattr(checkpoint_mod.torch, "save", full_disk_after(torch.save, fail_on - 1))
     run = tmp_path / "run"
     assert train(sudoku_dir, f"checkpoint_path={run}") == 1
     line = one_error_line(capsys)
-    assert f"could not write checkpoint {run / f'step_{8 * fail_on}.pt'} (No space left on device)" in line
+    assert f"could not write checkpoint {run / name} (No space left on device)" in line
     assert "MiB" in line and ("resume with: python pretrain.py" in line) == resumable
     assert not list(run.glob(".step_*"))  # no partial file left
     if resumable:

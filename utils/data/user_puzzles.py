@@ -116,7 +116,7 @@ def parse_maze(text: str, where: str) -> tuple[np.ndarray, int]:
     while lines and not lines[-1].strip():
         lines.pop()
     size = len(lines)
-    if size < 2 or max(map(len, lines)) > size:
+    if size < 2 or max(map(len, lines)) != size:
         raise PuzzleInputError(f"{where}: {size} rows of up to {max(map(len, lines), default=0)} characters; a maze is "
                                "square (as many rows as columns), one line per row")
     tokens = np.full((size, size), OPEN, np.uint8)
