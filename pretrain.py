@@ -478,7 +478,8 @@ def session_for(args: argparse.Namespace, setup: Setup, data: PuzzleData, rank: 
         rank, trainer="pretrain", fingerprint=fingerprint, resume=cfg.resume,
         location=lambda: run_location(
             explicit=cfg.checkpoint_path, resume=cfg.resume, parent=default_run_parent(cfg), trainer="pretrain",
-            fingerprint=fingerprint, new_name=cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}"),
+            fingerprint=fingerprint, new_name=cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}",
+            named=bool(cfg.run_name)),
         resume_hint=lambda path: f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path
         else f"rerun with resume={path}",
         command=lambda path: resume_command(["python", "pretrain.py"], [f"--config-name={args.config_name}", *args.overrides],

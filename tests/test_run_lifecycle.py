@@ -132,6 +132,9 @@ def test_resume_auto_finds_the_timestamped_run_of_the_same_settings(sudoku_dir, 
     assert train(sudoku_dir, "project_name=proj", "epochs=2", "eval_interval=2", "lr=5e-4", "resume=auto",
                  "run_name=other") == 0
     assert sorted(p.name for p in (tmp_path / "checkpoints" / "proj").iterdir())[-1] == "other"
+    # A run the user names lives under its name: resume=auto does not continue another run of the same settings.
+    assert train(sudoku_dir, "project_name=proj", "epochs=2", "eval_interval=2", "resume=auto", "run_name=named") == 0
+    assert (tmp_path / "checkpoints" / "proj" / "named" / "step_8.pt").is_file()
 
 
 # ---- storage faults ---------------------------------------------------------------------------------------

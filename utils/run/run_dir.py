@@ -343,15 +343,15 @@ def find_matching_run(parent: Path, trainer: str, fingerprint: str) -> Path | No
 
 
 def run_location(*, explicit: str | None, resume: str | None, parent: Path, trainer: str, fingerprint: str,
-                 new_name: str) -> Path:
+                 new_name: str, named: bool = False) -> Path:
     """Where a run lives, in order: ``explicit`` (``checkpoint_path`` / ``--output_dir``); the directory of
-    ``resume=<file or dir>``; with ``resume=auto``, the newest run under ``parent`` started with the same
-    settings (:func:`find_matching_run`); else ``parent / new_name``."""
+    ``resume=<file or dir>``; with ``resume=auto`` and a run not ``named`` by the user (``run_name``), the newest
+    run under ``parent`` started with the same settings (:func:`find_matching_run`); else ``parent / new_name``."""
     if explicit:
         return Path(explicit)
     if resume and resume != "auto":
         return Path(resume) if Path(resume).is_dir() else Path(resume).parent
-    found = find_matching_run(parent, trainer, fingerprint) if resume == "auto" else None
+    found = find_matching_run(parent, trainer, fingerprint) if resume == "auto" and not named else None
     return found or parent / new_name
 
 
