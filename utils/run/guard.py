@@ -99,7 +99,7 @@ class NonFiniteGuard:
         self.max_in_a_row, self.advice = max_in_a_row, advice
         self.in_a_row = 0
         self.total = 0
-        self._snapshots: dict[int, Snapshot] = {}
+        self._snapshot: Optional[Snapshot] = None
 
     def state_dict(self) -> dict:
         return {"in_a_row": self.in_a_row, "total": self.total}
@@ -128,8 +128,9 @@ class NonFiniteGuard:
         Raises:
             DivergedError: ``max_in_a_row`` updates in a row were undone.
         """
-        key = id(optimizers[0]) if optimizers else 0
-        snapshot = self._snapshots.setdefault(key, Snapshot(optimizers))
+        if self._snapshot is None or self._snapshot.optimizers != optimizers:  # the buffers are kept across steps
+            self._snapshot = Snapshot(optimizers)
+        snapshot = self._snapshot
         snapshot.take()
         apply()
         names = [*checked, *(f"updated weight {n}" for n in weights)]
