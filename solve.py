@@ -37,7 +37,7 @@ from utils.run.main import ArgumentParser, cli_main
 from utils.viz.puzzles import render_example, render_segments, save_picture, save_segments
 
 log = logging.getLogger("solve")
-TASKS = {"sudoku": (81, 11), "maze": (None, 6)}  # seq_len (None: the maze's own), vocab size
+VOCAB = {"sudoku": 11, "maze": 6}  # the tokens of utils/data/user_puzzles.py
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -109,7 +109,7 @@ def read_text(path: str) -> str:
 def check_fits(trained: Trained, task: str, seq_len: int) -> None:
     """Raises:
         PuzzleInputError: the model was trained on another kind or size of puzzle."""
-    vocab = TASKS[task][1]
+    vocab = VOCAB[task]
     if trained.vocab_size != vocab or trained.seq_len != seq_len:
         side = math.isqrt(trained.seq_len)
         raise PuzzleInputError(f"{trained.path} was trained on puzzles of {trained.seq_len} cells"
