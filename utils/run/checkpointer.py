@@ -135,7 +135,12 @@ class Checkpointer:
         run.manifest["pending"] = {"name": name, "tmp": tmp.name, **({"best": True} if best else {})}
         run.write_manifest()                                    # 1. record
         _write_file(tmp, payload, target)                       # 2. write
-        os.replace(tmp, target)                                 # 3. rename
+        try:
+            os.replace(tmp, target)                             # 3. rename
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise CheckpointWriteError(f"could not rename {tmp.name} to {target} ({e.strerror or e}); the previous "
+                                       "checkpoint is intact") from None
         _fsync_directory(run.path)
         del run.manifest["pending"]
         doomed = []
