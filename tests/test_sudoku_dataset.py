@@ -452,3 +452,21 @@ def test_loader_reads_the_built_dataset(generated):
     test = list(PuzzleDataset(generated, "test", global_batch_size=4))
     assert [size for _, _, size in test] == [4, 2]
     assert (test[1][1]["labels"][2:] == IGNORE_LABEL_ID).all() and (test[1][1]["inputs"][2:] == 0).all()
+
+
+def test_generation_workers_started_inside_a_training_run_end_on_sigterm():
+    # A trainer builds its missing dataset while its graceful-stop handler is installed; forked generation
+    # workers used to inherit it and swallow the SIGTERM with which the pool ends them, which could hang the build.
+    # Each work item reports whether SIGTERM in its worker process has the default action.
+    code = ("import signal\n"
+            "import numpy as np\n"
+            "from utils.data.common import generate_distinct\n"
+            "from utils.run.stop import GracefulStop\n"
+            "def work(k):\n"
+            "    return np.array([k]), np.array([signal.getsignal(signal.SIGTERM) == signal.SIG_DFL])\n"
+            "with GracefulStop():\n"
+            "    _, plain, _ = generate_distinct(work, lambda q, a: q.tobytes(), 6, workers=2)\n"
+            "print(int(plain.all()))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split()[-1] == "1", result.stderr
+    assert "received" not in result.stderr

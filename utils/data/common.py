@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -106,6 +107,14 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
         raise DatasetError(str(e)) from None
 
 
+def _plain_signals() -> None:
+    """A generation worker's signals: SIGTERM ends it, SIGINT is left to the parent. A trainer's graceful-stop
+    handler, inherited through fork, would otherwise swallow the SIGTERM with which the pool ends its workers,
+    and the pool would wait for them forever."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def generate_distinct(work: Callable[[int], tuple[np.ndarray, np.ndarray]], key: Callable[[np.ndarray, np.ndarray], bytes],
                       count: int, workers: int = 1, exclude: set[bytes] | None = None, desc: str = "generate",
                       unit: str = "puzzle", chunksize: int = 8) -> tuple[np.ndarray, np.ndarray, set[bytes]]:
@@ -121,7 +130,7 @@ def generate_distinct(work: Callable[[int], tuple[np.ndarray, np.ndarray]], key:
     seen = set(exclude or ())
     questions, answers = [], []
     next_index = 0
-    with (multiprocessing.Pool(workers) if workers > 1 else contextlib.nullcontext()) as pool, \
+    with (multiprocessing.Pool(workers, _plain_signals) if workers > 1 else contextlib.nullcontext()) as pool, \
             tqdm(total=count, desc=desc, unit=unit) as bar:
         while len(questions) < count:
             indices = range(next_index, next_index + count - len(questions))
