@@ -7,6 +7,7 @@ same run. Exact accuracy comes with its 95% Wilson interval.
 
     python scripts/benchmark_test_time.py --checkpoint checkpoints/sudoku-gen-40-1k-aug-100/RUN
     python scripts/benchmark_test_time.py --checkpoint RUN --segments 4,8,16 --rollouts 2,4 --noise 0.5 --json out.json
+    python scripts/benchmark_test_time.py --checkpoint RUN --segments 8 --rollouts 8,16 --combined 16x8   # K x S
 """
 
 from __future__ import annotations
@@ -37,12 +38,23 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def policies(halt_max_steps: int, segments: list[int], rollouts: list[int], noise: float) -> list[tuple[str, TestTimeCompute]]:
-    """The rows of the table: the default first, then each segment count, early exit at each, then each K."""
+def pairs(text: str) -> list[tuple[int, int]]:
+    """``KxS,...`` -> ``[(K, S), ...]``."""
+    try:
+        return [tuple(int(n) for n in item.split("x", 1)) for item in text.split(",") if item]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give K x S pairs such as 16x8,32x8") from None
+
+
+def policies(halt_max_steps: int, segments: list[int], rollouts: list[int], noise: float,
+             combined: list[tuple[int, int]] = ()) -> list[tuple[str, TestTimeCompute]]:
+    """The rows of the table: the default first, then each segment count, early exit at each, each K, then each
+    K rollouts of S segments."""
     rows = [(f"default ({halt_max_steps} segments)", TestTimeCompute())]
     rows += [(f"{t} segments", TestTimeCompute(segments=t)) for t in segments if t != halt_max_steps]
     rows += [(f"early exit, at most {t}", TestTimeCompute(segments=t, early_exit=True)) for t in segments]
     rows += [(f"K={k} rollouts (noise {noise})", TestTimeCompute(rollouts=k, noise=noise)) for k in rollouts if k > 1]
+    rows += [(f"K={k} rollouts x {t} segments", TestTimeCompute(segments=t, rollouts=k, noise=noise)) for k, t in combined]
     return [(name, ttc.check()) for name, ttc in rows]
 
 
@@ -52,6 +64,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data-path", help="the held-out puzzles (default: the dataset the checkpoint trained on)")
     parser.add_argument("--segments", type=ints, default=[1, 2, 8, 16], help="segment counts (default: 1,2,8,16)")
     parser.add_argument("--rollouts", type=ints, default=[2, 4, 8], help="rollout counts K (default: 2,4,8)")
+    parser.add_argument("--combined", type=pairs, default=[],
+                        help="K rollouts of S segments each, as KxS pairs, e.g. 16x8,32x8 (default: none)")
     parser.add_argument("--noise", type=float, default=0.5, help="std of the rollouts' noise (default: 0.5)")
     parser.add_argument("--batch-size", type=int, default=256, help="evaluation batch (default: 256)")
     parser.add_argument("--device", default="auto")
@@ -66,7 +80,8 @@ def main(argv=None) -> int:
     print(f"machine: {machine_line(device)}")
     print(f"checkpoint: {trained.path} ({trained.note or 'as given'}); data: {data_path} (test)")
     rows, baseline = [], None
-    for name, ttc in policies(trained.head.model.config.halt_max_steps, args.segments, args.rollouts, args.noise):
+    for name, ttc in policies(trained.head.model.config.halt_max_steps, args.segments, args.rollouts, args.noise,
+                               args.combined):
         loader = PuzzleDataset(data_path, "test", args.batch_size, seed=0)
         start = time.perf_counter()
         with torch.inference_mode():
