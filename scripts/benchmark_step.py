@@ -11,10 +11,18 @@ and cancels in the per-round ratios; the table gives the median over rounds. Mat
 counted once by torch.utils.flop_counter.FlopCounterMode on an eager step (forward and backward,
 attention included; elementwise ops are not counted), so "of peak" is the share of the GEMM's rate the step reaches.
 
+Beside the reference (``--reference-dir``, a checkout of SamsungSAILMontreal/TinyRecursiveModels, never part of
+this repository): four processes per TRM model, the project's eager and compiled steps and the reference code's
+eager and compiled ones (scripts/reference_trm.py: its model and loss head, the project's AdamATan2, since the
+reference's is a CUDA extension), on the same configuration, batch, dtype and batch contents. Each round asks
+every process in turn (the order rotating) for about 2 s of steps and times the GEMM in this process while they
+wait (the fastest of three, as its threads wake from idle); the ratios are medians of per-round ratios.
+
     python scripts/benchmark_step.py                                   # CPU: every model, batch 64, 5 rounds
     python scripts/benchmark_step.py --models trm_cpu,hrm_cpu --rounds 20
     python scripts/benchmark_step.py --device cuda                     # each recipe's own batch
     python scripts/benchmark_step.py --models trm_cpu --no-compile arch.hidden_size=64   # arch overrides
+    python scripts/benchmark_step.py --reference-dir ../TinyRecursiveModels        # trm_cpu and trm_mlp, side by side
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +41,7 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
 from models import build_model, validate_arch  # noqa: E402
+from scripts.reference_trm import PROTOCOL, serve_steps, sudoku_batch  # noqa: E402
 from models.sparse_embedding import SparseEmbeddingSignSGD  # noqa: E402
 from utils.config import recipe_config  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
@@ -49,6 +59,7 @@ MODELS = {
 }
 SUDOKU = dict(seq_len=81, vocab_size=11, num_puzzle_identifiers=1)
 CPU_BATCH = 64  # the reference batches (768) take tens of seconds per step on a few CPU cores
+REFERENCE_MODELS = ("trm_cpu", "trm_mlp")  # the quickstart and the Sudoku MLP recipe
 
 
 def _cpu_sdpa_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
@@ -73,15 +84,6 @@ def recipe_arch(recipe: str, overrides: list[str]) -> tuple[dict, int]:
     """
     cfg = recipe_config(recipe, overrides)
     return validate_arch(cfg.arch), cfg.global_batch_size
-
-
-def sudoku_batch(batch_size: int, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    """A random batch in the Sudoku layout: ``inputs`` [B, 81] tokens 1..10, ``labels`` [B, 81] 2..10, ids [B] 0."""
-    gen = torch.Generator().manual_seed(seed)
-    labels = torch.randint(2, 11, (batch_size, 81), generator=gen, dtype=torch.int32)
-    inputs = torch.where(torch.rand(batch_size, 81, generator=gen) < 0.5, labels, torch.ones_like(labels))
-    return {"inputs": inputs.to(device), "labels": labels.to(device),
-            "puzzle_identifiers": torch.zeros(batch_size, dtype=torch.int32, device=device)}
 
 
 class Trainer:
@@ -166,6 +168,154 @@ def bench_model(name: str, arch: dict, batch_size: int, device: torch.device, dt
 
 
 
+# ---- side by side with the reference TRM code (--reference-dir) ----------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+ROUND_S = 2.0  # each timing covers about this many seconds of steps
+
+
+class Worker:
+    """One training step in its own process (``scripts/reference_trm.serve_steps`` on the other side).
+
+    Raises:
+        RuntimeError: the worker process ended early (its own error message is on stderr above).
+    """
+
+    def __init__(self, label: str, argv: list[str]):
+        self.label = label
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self.info = json.loads(self._reply())
+        self.steps = max(1, round(ROUND_S / self.info["step_s"]))
+
+    def _reply(self) -> str:
+        while line := self.proc.stdout.readline():
+            if line.startswith(PROTOCOL):
+                return line[len(PROTOCOL):]
+            print(line, end="", file=sys.stderr)
+        raise RuntimeError(f"the {self.label} worker exited with code {self.proc.wait()}")
+
+    def seconds_per_step(self) -> float:
+        self.proc.stdin.write(f"{self.steps}\n")
+        self.proc.stdin.flush()
+        return float(self._reply()) / self.steps
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+        self.proc.wait()
+
+
+def reference_arch(arch: dict, dtype: torch.dtype) -> dict:
+    """The project's validated TRM ``arch`` in the reference config's keys (the same names, less the registry
+    entries, plus ``forward_dtype``)."""
+    return {**{k: v for k, v in arch.items() if k not in ("name", "loss")},
+            "forward_dtype": str(dtype).removeprefix("torch.")}
+
+
+def side_by_side_workers(name: str, arch: dict, batch_size: int, dtype: torch.dtype, args) -> dict[str, Worker]:
+    """The four processes of one model: the project eager and compiled, the reference eager and compiled."""
+    project = [str(Path(__file__).resolve()), "--worker", "--models", name, "--batch-size", str(batch_size),
+               "--warmup", str(args.warmup), *args.overrides]
+    reference = [str(REPO / "scripts" / "reference_trm.py"), "--reference-dir", args.reference_dir]
+    step = ["step-worker", "--arch", json.dumps(reference_arch(arch, dtype)), "--batch-size", str(batch_size),
+            "--warmup", str(args.warmup)]
+    workers = {}
+    try:
+        for label, argv in (("eager", [*project, "--no-compile"]), ("compiled", project),
+                            ("reference", [*reference, *step]), ("reference compiled", [*reference, "--compile", *step])):
+            workers[label] = Worker(label, argv)
+    except BaseException:
+        for worker in workers.values():
+            worker.close()
+        raise
+    return workers
+
+
+def bench_side_by_side(name: str, arch: dict, batch_size: int, device: torch.device, dtype: torch.dtype, args) -> dict:
+    """Interleaved rounds over the four processes of :func:`side_by_side_workers` and the peak GEMM (timed here,
+    while the workers wait); the order of the processes rotates every round. Returns one table row."""
+    workers = side_by_side_workers(name, arch, batch_size, dtype, args)
+    peak = gemm(args.gemm_size, device, dtype)
+    peak()
+    times: dict[str, list[float]] = {label: [] for label in [*workers, "gemm"]}
+    try:
+        for r in range(args.rounds):
+            labels = list(workers)[r % len(workers):] + list(workers)[:r % len(workers)]
+            for label in labels:
+                times[label].append(workers[label].seconds_per_step())
+            times["gemm"].append(min(timed(peak, lambda: None) for _ in range(3)))  # this process's threads wake up
+    finally:
+        for worker in workers.values():
+            worker.close()
+    flops, gemm_flops = workers["eager"].info["flops"], 2 * args.gemm_size**3
+    row = {"model": name, "recipe": MODELS[name][0], "params": workers["eager"].info["params"],
+           "reference_params": workers["reference"].info["params"], "batch": batch_size,
+           "dtype": str(dtype).removeprefix("torch."), "gflop_per_example": flops / batch_size / 1e9,
+           "peak_gflop_s": gemm_flops / statistics.median(times["gemm"]) / 1e9}
+    for label in workers:
+        key = label.replace(" ", "_")
+        row[f"{key}_examples_s"] = batch_size / statistics.median(times[label])
+        row[f"{key}_of_peak"] = statistics.median(flops / t / (gemm_flops / g) for t, g in zip(times[label], times["gemm"]))
+    for label in ("reference", "reference compiled"):
+        row[f"compiled_vs_{label.replace(' ', '_')}"] = statistics.median(
+            ref / ours for ref, ours in zip(times[label], times["compiled"]))
+    return row
+
+
+def format_side_by_side(rows: list[dict]) -> str:
+    """The side-by-side rows as a Markdown table."""
+    head = ["model", "params (project / reference)", "batch", "dtype", "project eager ex/s", "project compiled ex/s",
+            "reference eager ex/s", "reference compiled ex/s", "compiled vs reference eager",
+            "compiled vs reference compiled", "project compiled of peak", "reference eager of peak"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["model"], f"{r['params']:,} / {r['reference_params']:,}", r["batch"], r["dtype"],
+                 f"{r['eager_examples_s']:.1f}", f"{r['compiled_examples_s']:.1f}", f"{r['reference_examples_s']:.1f}",
+                 f"{r['reference_compiled_examples_s']:.1f}", f"{r['compiled_vs_reference']:.2f}x",
+                 f"{r['compiled_vs_reference_compiled']:.2f}x", f"{r['compiled_of_peak']:.0%}",
+                 f"{r['reference_of_peak']:.0%}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
+def serve_worker(args) -> int:
+    """``--worker``: this process is one side of :func:`side_by_side_workers` (eager also counts the FLOPs)."""
+    (name,) = args.models.split(",")
+    arch, _ = recipe_arch(MODELS[name][0], args.overrides)
+    device = torch.device("cpu") if args.device == "cpu" else select_device(args.device).device
+    dtype, _ = select_dtype(device)
+    trainer = Trainer(arch, args.batch_size, device, dtype)
+    info = {"params": trainer.params}
+    if args.no_compile:
+        info["flops"] = trainer.matmul_flops()
+    forward = trainer.head if args.no_compile else compile_model(trainer.head)
+    serve_steps(lambda: trainer.step(forward), info, args.warmup)
+    return 0
+
+
+def profile_model(name: str, arch: dict, batch_size: int, device: torch.device, dtype: torch.dtype, args) -> str:
+    """``args.profile`` steps of one model under torch.profiler after the warm-up; returns the operators by
+    their own (self) time, the top 25, as torch.profiler's table, headed by the model and the step time."""
+    trainer = Trainer(arch, batch_size, device, dtype)
+    forward = trainer.head if args.no_compile else compile_model(trainer.head)
+    for _ in range(args.warmup):
+        trainer.step(forward)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
+                                                           if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        begin = time.perf_counter()
+        for _ in range(args.profile):
+            trainer.step(forward)
+        synchronizer(device)()
+        seconds = (time.perf_counter() - begin) / args.profile
+    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    mode = "eager" if args.no_compile else "compiled"
+    return (f"\n{name} ({mode}, batch {batch_size}): {seconds:.3f} s per step under the profiler\n"
+            + prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
+
+
 def format_table(rows: list[dict]) -> str:
     """The rows as a Markdown table; columns of the compiled mode only when it was timed."""
     compiled = all("compiled_examples_s" in r for r in rows)
@@ -186,8 +336,14 @@ def format_table(rows: list[dict]) -> str:
 def parse_args(argv: list[str] | None):
     summary, details = __doc__.split("\n\n", 1)
     parser = ArgumentParser(description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join(MODELS),
-                        help=f"comma list of {', '.join(f'{k} ({v[1]})' for k, v in MODELS.items())} (default: all)")
+    parser.add_argument("--models", default=None,
+                        help=f"comma list of {', '.join(f'{k} ({v[1]})' for k, v in MODELS.items())} (default: all; "
+                             f"with --reference-dir: {','.join(REFERENCE_MODELS)})")
+    parser.add_argument("--reference-dir", default=None,
+                        help="a checkout of SamsungSAILMontreal/TinyRecursiveModels: time the project's eager and compiled "
+                             "steps beside the reference code's eager and compiled ones, each in its own process, on the "
+                             "same configuration, batch and dtype (TRM models, CPU; scripts/reference_trm.py)")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: cpu)")
     parser.add_argument("--batch-size", type=int, default=None,
                         help=f"rows per step (default: {CPU_BATCH} on a CPU, each recipe's global_batch_size elsewhere)")
@@ -196,18 +352,35 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--gemm-size", type=int, default=None, help="side of the peak GEMM (default: 2048 CPU, 8192 GPU)")
     parser.add_argument("--no-compile", action="store_true", help="time the eager step only")
     parser.add_argument("--json", action="store_true", help="also print each row as one JSON line")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="instead of the table: N compiled steps (eager with --no-compile) of each model under "
+                             "torch.profiler, and the operators that took the most time")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings applied to every recipe, e.g. arch.hidden_size=64")
     args = parser.parse_args(argv)
+    args.models = args.models or ",".join(REFERENCE_MODELS if args.reference_dir else MODELS)
     unknown = [m for m in args.models.split(",") if m not in MODELS]
     if unknown:
         parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     if args.rounds < 1 or args.warmup < 1 or (args.batch_size is not None and args.batch_size < 1):
         parser.error("--rounds, --warmup and --batch-size must be >= 1")
+    if args.reference_dir:
+        if args.device != "cpu" or args.no_compile or args.profile:
+            parser.error("--reference-dir times the CPU steps, compiled and eager: leave out --device, --no-compile "
+                         "and --profile")
+        if not (Path(args.reference_dir) / "models" / "recursive_reasoning" / "trm.py").is_file():
+            parser.error(f"--reference-dir {args.reference_dir}: no models/recursive_reasoning/trm.py there; give a "
+                         "checkout of github.com/SamsungSAILMontreal/TinyRecursiveModels")
+        not_trm = [m for m in args.models.split(",") if not m.startswith("trm")]
+        if not_trm:
+            parser.error(f"--reference-dir: {', '.join(not_trm)} is not a TRM model; choose from "
+                         f"{', '.join(m for m in MODELS if m.startswith('trm'))}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.worker:
+        return serve_worker(args)
 
     def body() -> int:
         device = select_device(args.device).device
@@ -220,11 +393,17 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.models.split(","):
             arch, recipe_batch = recipe_arch(MODELS[name][0], args.overrides)
             batch = args.batch_size or (CPU_BATCH if device.type == "cpu" else recipe_batch)
-            rows.append(bench_model(name, arch, batch, device, dtype, args))
+            if args.profile:
+                print(profile_model(name, arch, batch, device, dtype, args), flush=True)
+                continue
+            bench = bench_side_by_side if args.reference_dir else bench_model
+            rows.append(bench(name, arch, batch, device, dtype, args))
             if args.json:
                 print(json.dumps(rows[-1]), flush=True)
+        if args.profile:
+            return 0
         print(f"\nmatmul peak: {statistics.median(r['peak_gflop_s'] for r in rows):.0f} GFLOP/s (median over models)")
-        print(format_table(rows))
+        print(format_side_by_side(rows) if args.reference_dir else format_table(rows))
         return 0
 
     try:

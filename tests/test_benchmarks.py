@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 import pretrain
 from tests.test_pretrain_trm import trm
 from utils.run.checkpoint import safe_load
@@ -46,6 +48,41 @@ def test_step_benchmark_counts_the_matmul_flops_of_a_training_step_and_prints_it
 def test_step_benchmark_rejects_an_unknown_model():
     out = script("benchmark_step.py", "--models", "gpt")
     assert out.returncode == 2 and out.stderr.startswith("error: --models: unknown gpt")
+
+
+def test_a_step_worker_serves_timed_steps_of_its_own_process_and_counts_its_flops():
+    from scripts.benchmark_step import Worker
+
+    worker = Worker("eager", [str(ROOT / "scripts" / "benchmark_step.py"), "--worker", "--models", "trm_cpu",
+                              "--no-compile", "--batch-size", "2", "--warmup", "1", "arch.hidden_size=32",
+                              "arch.H_cycles=2", "arch.L_cycles=1"])
+    try:
+        assert worker.info["params"] > 0 and worker.info["flops"] > 0 and worker.info["step_s"] > 0
+        assert worker.steps >= 1 and worker.seconds_per_step() > 0
+    finally:
+        worker.close()
+    assert worker.proc.returncode == 0
+
+
+def test_side_by_side_needs_a_reference_checkout_and_trm_models(tmp_path):
+    out = script("benchmark_step.py", "--reference-dir", str(tmp_path))
+    assert out.returncode == 2 and "no models/recursive_reasoning/trm.py there" in out.stderr
+    (tmp_path / "models" / "recursive_reasoning").mkdir(parents=True)
+    (tmp_path / "models" / "recursive_reasoning" / "trm.py").write_text("")
+    out = script("benchmark_step.py", "--reference-dir", str(tmp_path), "--models", "hrm_cpu")
+    assert out.returncode == 2 and "hrm_cpu is not a TRM model" in out.stderr
+    out = script("reference_trm.py", "--reference-dir", str(tmp_path / "nowhere"), "step-worker", "--arch", "{}")
+    assert out.returncode == 2 and out.stderr.startswith("error: --reference-dir") and "Traceback" not in out.stderr
+
+
+def test_the_reference_gets_the_projects_architecture_in_its_own_keys():
+    from scripts.benchmark_step import recipe_arch, reference_arch
+
+    arch, _ = recipe_arch("cfg_pretrain_trm_sudoku_mlp", [])
+    ref = reference_arch(arch, torch.bfloat16)
+    assert "name" not in ref and "loss" not in ref and ref["forward_dtype"] == "bfloat16"
+    assert {k: ref[k] for k in ("hidden_size", "H_cycles", "L_cycles", "mlp_t", "puzzle_emb_len")} == {
+        "hidden_size": 512, "H_cycles": 3, "L_cycles": 6, "mlp_t": True, "puzzle_emb_len": 16}
 
 
 def test_pretrain_logs_wall_time_and_a_resume_continues_it(sudoku_dir, tmp_path):
