@@ -386,9 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         device = select_device(args.device).device
         dtype, why = select_dtype(device)
         args.gemm_size = args.gemm_size or (2048 if device.type == "cpu" else 8192)
+        timing = (f"{args.profile} profiled steps per model" if args.profile else
+                  f"median of {args.rounds} interleaved rounds; peak = {args.gemm_size}x{args.gemm_size} "
+                  f"{str(dtype).removeprefix('torch.')} GEMM timed in each round")
         print(f"{machine_line(device)}\nprecision {str(dtype).removeprefix('torch.')} ({why}); one step = segment "
-              f"forward + backward + optimizer updates; median of {args.rounds} interleaved rounds; peak = "
-              f"{args.gemm_size}x{args.gemm_size} {str(dtype).removeprefix('torch.')} GEMM timed in each round", flush=True)
+              f"forward + backward + optimizer updates; {timing}", flush=True)
         rows = []
         for name in args.models.split(","):
             arch, recipe_batch = recipe_arch(MODELS[name][0], args.overrides)

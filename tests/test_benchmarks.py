@@ -45,6 +45,14 @@ def test_step_benchmark_counts_the_matmul_flops_of_a_training_step_and_prints_it
     assert "CPU " in out.stdout and "bf16 features" in out.stdout
 
 
+def test_step_benchmark_profiles_where_a_step_spends_its_time():
+    out = script("benchmark_step.py", "--models", "trm_cpu", "--no-compile", "--profile", "1", "--warmup", "1",
+                 "--batch-size", "2", "arch.hidden_size=32", "arch.H_cycles=2", "arch.L_cycles=1")
+    assert out.returncode == 0, out.stderr
+    assert "1 profiled steps per model" in out.stdout and "trm_cpu (eager, batch 2):" in out.stdout
+    assert "aten::mm" in out.stdout and "| model |" not in out.stdout
+
+
 def test_step_benchmark_rejects_an_unknown_model():
     out = script("benchmark_step.py", "--models", "gpt")
     assert out.returncode == 2 and out.stderr.startswith("error: --models: unknown gpt")
