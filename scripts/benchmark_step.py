@@ -41,8 +41,8 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
 
 from models import build_model, validate_arch  # noqa: E402
-from scripts.reference_trm import PROTOCOL, serve_steps, sudoku_batch  # noqa: E402
 from models.sparse_embedding import SparseEmbeddingSignSGD  # noqa: E402
+from scripts.reference_trm import PROTOCOL, SUDOKU, not_a_checkout, serve_steps, sudoku_batch  # noqa: E402
 from utils.config import recipe_config  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.hardware_optimizer import compile_model, machine_line  # noqa: E402
@@ -57,7 +57,6 @@ MODELS = {
     "trm_mlp": ("cfg_pretrain_trm_sudoku_mlp", "TRM-MLP (mlp_t), the reference Sudoku recipe"),
     "trm_cpu": ("cfg_pretrain_trm_cpu", "TRM-MLP (mlp_t), the CPU quickstart"),
 }
-SUDOKU = dict(seq_len=81, vocab_size=11, num_puzzle_identifiers=1)
 CPU_BATCH = 64  # the reference batches (768) take tens of seconds per step on a few CPU cores
 REFERENCE_MODELS = ("trm_cpu", "trm_mlp")  # the quickstart and the Sudoku MLP recipe
 
@@ -284,7 +283,7 @@ def serve_worker(args) -> int:
     """``--worker``: this process is one side of :func:`side_by_side_workers` (eager also counts the FLOPs)."""
     (name,) = args.models.split(",")
     arch, _ = recipe_arch(MODELS[name][0], args.overrides)
-    device = torch.device("cpu") if args.device == "cpu" else select_device(args.device).device
+    device = select_device(args.device).device
     dtype, _ = select_dtype(device)
     trainer = Trainer(arch, args.batch_size, device, dtype)
     info = {"params": trainer.params}
@@ -367,9 +366,8 @@ def parse_args(argv: list[str] | None):
         if args.device != "cpu" or args.no_compile or args.profile:
             parser.error("--reference-dir times the CPU steps, compiled and eager: leave out --device, --no-compile "
                          "and --profile")
-        if not (Path(args.reference_dir) / "models" / "recursive_reasoning" / "trm.py").is_file():
-            parser.error(f"--reference-dir {args.reference_dir}: no models/recursive_reasoning/trm.py there; give a "
-                         "checkout of github.com/SamsungSAILMontreal/TinyRecursiveModels")
+        if problem := not_a_checkout(args.reference_dir):
+            parser.error(problem)
         not_trm = [m for m in args.models.split(",") if not m.startswith("trm")]
         if not_trm:
             parser.error(f"--reference-dir: {', '.join(not_trm)} is not a TRM model; choose from "

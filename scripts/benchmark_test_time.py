@@ -41,9 +41,12 @@ def ints(text: str) -> list[int]:
 def pairs(text: str) -> list[tuple[int, int]]:
     """``KxS,...`` -> ``[(K, S), ...]``."""
     try:
-        return [tuple(int(n) for n in item.split("x", 1)) for item in text.split(",") if item]
+        found = [tuple(int(n) for n in item.split("x")) for item in text.split(",") if item]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: give K x S pairs such as 16x8,32x8") from None
+        found = []
+    if not found or any(len(pair) != 2 for pair in found):
+        raise argparse.ArgumentTypeError(f"{text!r}: give K x S pairs such as 16x8,32x8")
+    return found
 
 
 def policies(halt_max_steps: int, segments: list[int], rollouts: list[int], noise: float,

@@ -65,6 +65,14 @@ def sudoku_batch(batch_size: int, device: torch.device | str = "cpu", seed: int 
             "puzzle_identifiers": torch.zeros(batch_size, dtype=torch.int32, device=device)}
 
 
+def not_a_checkout(reference_dir: str) -> str | None:
+    """Why ``reference_dir`` is not a TinyRecursiveModels checkout, in one line; None when it is one."""
+    if (Path(reference_dir).expanduser() / "models" / "recursive_reasoning" / "trm.py").is_file():
+        return None
+    return (f"--reference-dir {reference_dir}: no models/recursive_reasoning/trm.py there; give a checkout of "
+            "github.com/SamsungSAILMontreal/TinyRecursiveModels")
+
+
 def load_reference(reference_dir: str):
     """Import the reference's modules from ``reference_dir``; returns a namespace of what the loops use.
 
@@ -76,9 +84,9 @@ def load_reference(reference_dir: str):
         ReferenceUnavailable: not a TinyRecursiveModels checkout, or a dependency of it is missing.
     """
     root = Path(reference_dir).expanduser().resolve()
-    if not (root / "models" / "recursive_reasoning" / "trm.py").is_file():
-        raise ReferenceUnavailable(f"--reference-dir {reference_dir}: no models/recursive_reasoning/trm.py there; give a "
-                              "checkout of github.com/SamsungSAILMontreal/TinyRecursiveModels")
+    problem = not_a_checkout(reference_dir)
+    if problem:
+        raise ReferenceUnavailable(problem)
     sys.path.insert(0, str(REPO))
     from utils.optimizer_utils import AdamATan2
     from utils.run.schedule import LRSchedule
@@ -92,7 +100,7 @@ def load_reference(reference_dir: str):
         from puzzle_dataset import PuzzleDataset, PuzzleDatasetConfig
     except ImportError as e:
         raise ReferenceUnavailable(f"the reference code in {root} cannot be imported ({e}); install its dependencies: "
-                              "pip install pydantic argdantic einops") from None
+                                   "pip install pydantic argdantic einops") from None
     return argparse.Namespace(ACTLossHead=ACTLossHead, Model=TinyRecursiveReasoningModel_ACTV1,
                               SignSGD=CastedSparseEmbeddingSignSGD_Distributed, AdamATan2=AdamATan2,
                               LRSchedule=LRSchedule, PuzzleDataset=PuzzleDataset, PuzzleDatasetConfig=PuzzleDatasetConfig)
@@ -174,13 +182,26 @@ def _value(text: str):
         return text
 
 
+def with_changes(changes: list[str]) -> dict:
+    """:data:`REFERENCE_SETTINGS` with ``KEY=VALUE`` changes (``arch.KEY`` for the architecture).
+
+    Raises:
+        ValueError: a change without ``=`` or with a key the settings do not have (one line, naming it).
+    """
+    settings = json.loads(json.dumps(REFERENCE_SETTINGS))
+    for item in changes:
+        key, sep, value = item.partition("=")
+        target = settings["arch"] if key.startswith("arch.") else settings
+        if not sep or key.removeprefix("arch.") not in target or key == "arch":
+            raise ValueError(f"--set {item}: give KEY=VALUE with a key of {', '.join(settings)} or "
+                             f"arch.{{{', '.join(settings['arch'])}}}")
+        target[key.removeprefix("arch.")] = _value(value)
+    return settings
+
+
 def train(ref, args) -> int:
     """The ``train`` command: a wall-clock budget of the reference loop, the curve to ``args.out``."""
-    settings = json.loads(json.dumps(REFERENCE_SETTINGS))
-    for item in args.set or []:
-        key, _, value = item.partition("=")
-        target = settings["arch"] if key.startswith("arch.") else settings
-        target[key.removeprefix("arch.")] = _value(value)
+    settings = args.settings
 
     def dataset(split: str):
         return ref.PuzzleDataset(ref.PuzzleDatasetConfig(
@@ -208,7 +229,12 @@ def train(ref, args) -> int:
                     break
     result = {"reference_dir": str(args.reference_dir), "data_path": args.data_path, "settings": settings,
               "params": trainer.params, "compile": args.compile, "points": points}
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    try:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    except OSError as e:
+        print(f"error: could not write --out {args.out} ({e.strerror or e}); the curve's points are printed above",
+              file=sys.stderr)
+        return 1
     print(f"curve written to {args.out}")
     return 0
 
@@ -268,6 +294,10 @@ def parse_args(argv: list[str] | None):
             parser.error(f"--out {out}: exists already or its folder is missing; give a new file in an existing folder")
         if not (Path(args.data_path) / "train" / "dataset.json").is_file():
             parser.error(f"--data-path {args.data_path}: no train/dataset.json there; build it with scripts/build_*_dataset.py")
+        try:
+            args.settings = with_changes(args.set or [])
+        except ValueError as e:
+            parser.error(str(e))
     return args
 
 

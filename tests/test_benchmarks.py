@@ -83,6 +83,21 @@ def test_side_by_side_needs_a_reference_checkout_and_trm_models(tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("error: --reference-dir") and "Traceback" not in out.stderr
 
 
+def test_reference_settings_changes_are_checked_before_any_work(tmp_path):
+    from scripts.reference_trm import REFERENCE_SETTINGS, with_changes
+
+    settings = with_changes(["lr=2e-3", "arch.halt_max_steps=16", "arch.pos_encodings=rope"])
+    assert (settings["lr"], settings["arch"]["halt_max_steps"], settings["arch"]["pos_encodings"]) == (2e-3, 16, "rope")
+    assert REFERENCE_SETTINGS["lr"] == 1e-3  # the defaults stay as they were
+    data = tmp_path / "data"
+    (data / "train").mkdir(parents=True)
+    (data / "train" / "dataset.json").write_text("{}")
+    for bad in ("lr", "arch.hiden_size=64", "arch=1"):
+        out = script("reference_trm.py", "--reference-dir", str(tmp_path), "train", "--data-path", str(data),
+                     "--out", str(tmp_path / "curve.json"), "--set", bad)
+        assert out.returncode == 2 and f"--set {bad}: give KEY=VALUE" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_the_reference_gets_the_projects_architecture_in_its_own_keys():
     from scripts.benchmark_step import recipe_arch, reference_arch
 

@@ -128,3 +128,12 @@ def test_the_test_time_benchmark_table(sudoku_run, tmp_path, capsys):
     assert rows[-1]["mean_segments"] == 3.0
     assert all(r["ci95"][0] <= r["exact_accuracy"] <= r["ci95"][1] and r["count"] == 16 for r in rows)
     assert "machine: " in capsys.readouterr().out
+
+
+def test_the_test_time_benchmark_wants_k_by_s_pairs(sudoku_run, capsys):
+    from scripts import benchmark_test_time
+
+    for bad in ("16", "16x8x2", "ax8"):
+        with pytest.raises(SystemExit) as stop:
+            benchmark_test_time.main(["--checkpoint", str(sudoku_run), "--combined", bad])
+        assert stop.value.code == 2 and "give K x S pairs such as 16x8,32x8" in capsys.readouterr().err
