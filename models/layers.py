@@ -125,14 +125,28 @@ def attention_backend(device: torch.device, dtype: torch.dtype) -> tuple[str, st
         why = f"flash_attn needs CUDA, device is {device.type}"
     else:
         why = f"flash_attn needs fp16/bf16, dtype is {dtype}"
+    if sdpa_in_float32(device, dtype):
+        return "sdpa", f"torch scaled_dot_product_attention in float32 ({why}; its CPU kernel is ~3x slower in {dtype})"
     return "sdpa", f"torch scaled_dot_product_attention ({why})"
+
+
+def sdpa_in_float32(device: torch.device, dtype: torch.dtype) -> bool:
+    """True where :class:`Attention` runs ``scaled_dot_product_attention`` on fp32 copies of bf16/fp16 q, k, v.
+
+    On a CPU, PyTorch's flash-attention kernel is about 3x slower in bf16 than in fp32 at the recipes'
+    shapes (forward and backward, [64, 4, 100, 32]; ``python scripts/benchmark_attention.py``), and the
+    fp32 result rounded to bf16 is at least as close to a float64 computation. Same algorithm and kernel,
+    so only the rounding differs from the bf16 kernel.
+    """
+    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
 class Attention(nn.Module):
     """Multi-head self-attention without biases or mask (non-causal by default).
 
     ``qkv_proj`` [(H + 2*H_kv)*D, hidden] and ``o_proj`` [hidden, H*D], as in the reference.
-    Shapes: x ``[B, S, hidden]`` -> ``[B, S, hidden]``.
+    Shapes: x ``[B, S, hidden]`` -> ``[B, S, hidden]``, in ``x.dtype``. Kernel: flash_attn where
+    :func:`flash_attention_usable`, else torch's SDPA, on fp32 copies where :func:`sdpa_in_float32`.
     """
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False):
@@ -153,10 +167,12 @@ class Attention(nn.Module):
             out = flash_attn_func(q, k, v, causal=self.causal)
             out = out[0] if isinstance(out, tuple) else out  # FA3 also returns the log-sum-exp
         else:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+            if sdpa_in_float32(x.device, x.dtype):
+                q, k, v = q.float(), k.float(), v.float()
             out = F.scaled_dot_product_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                is_causal=self.causal, enable_gqa=self.num_key_value_heads != self.num_heads,
-            ).transpose(1, 2)
+                q, k, v, is_causal=self.causal, enable_gqa=self.num_key_value_heads != self.num_heads,
+            ).transpose(1, 2).to(x.dtype)
         return self.o_proj(out.reshape(batch, seq_len, self.num_heads * self.head_dim))
 
 

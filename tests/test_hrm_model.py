@@ -8,7 +8,8 @@ import torch
 import models.layers as layers
 from models.checkpoints import strip_reference_prefix
 from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1
-from models.layers import Attention, RotaryEmbedding, apply_rotary_pos_emb, attention_backend, rms_norm, trunc_normal_init_
+from models.layers import (Attention, RotaryEmbedding, apply_rotary_pos_emb, attention_backend, rms_norm,
+                           sdpa_in_float32, trunc_normal_init_)
 from models.losses import ACTLossHead, log_stablemax, softmax_cross_entropy, stablemax_cross_entropy, stablemax_dtype
 from models.sparse_embedding import CastedSparseEmbedding, SparseEmbeddingSignSGD
 
@@ -116,8 +117,27 @@ def test_attention_matches_manual_softmax_attention():
     torch.testing.assert_close(attn(x), attn.o_proj(manual))
 
 
+def test_bf16_attention_on_a_cpu_runs_sdpa_on_fp32_copies_and_is_as_close_to_float64():
+    torch.manual_seed(0)
+    attn = Attention(hidden_size=64, head_dim=16, num_heads=4, num_key_value_heads=4)
+    x = torch.randn(4, 30, 64)
+    exact = attn.double()(x.double())
+    attn.float()
+    out = attn(x.to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    assert sdpa_in_float32(torch.device("cpu"), torch.bfloat16) and not sdpa_in_float32(torch.device("cpu"), torch.float32)
+    assert not sdpa_in_float32(torch.device("cuda"), torch.bfloat16) and not sdpa_in_float32(torch.device("mps"), torch.float16)
+    # bf16 rounding of x, the weights and the projections bounds the error; fp32 inside SDPA adds nothing visible.
+    assert ((out.double() - exact).norm() / exact.norm()).item() < 1e-2
+
+
 def test_attention_backend_choice(monkeypatch):
-    assert attention_backend(torch.device("cpu"), torch.bfloat16)[0] == "sdpa"
+    monkeypatch.setattr(layers, "flash_attn_func", None)
+    assert attention_backend(torch.device("cpu"), torch.bfloat16) == (
+        "sdpa", "torch scaled_dot_product_attention in float32 (flash_attn not installed; its CPU kernel is ~3x slower "
+        "in torch.bfloat16)")
+    assert attention_backend(torch.device("cpu"), torch.float32)[1] == (
+        "torch scaled_dot_product_attention (flash_attn not installed)")
     monkeypatch.setattr(layers, "flash_attn_func", lambda q, k, v, causal: q)
     assert attention_backend(torch.device("cuda"), torch.bfloat16)[0] == "flash_attn"
     assert attention_backend(torch.device("cuda"), torch.float32)[0] == "sdpa"
