@@ -141,12 +141,24 @@ def sdpa_in_float32(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
 
 
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+         enable_gqa: bool = False) -> torch.Tensor:
+    """torch's ``scaled_dot_product_attention``, on fp32 copies where :func:`sdpa_in_float32`.
+
+    Shapes: q ``[B, H, S, D]``, k and v ``[B, H_kv, S, D]`` -> ``[B, H, S, D]`` in ``q.dtype``.
+    """
+    dtype = q.dtype
+    if sdpa_in_float32(q.device, dtype):
+        q, k, v = q.float(), k.float(), v.float()
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=enable_gqa).to(dtype)
+
+
 class Attention(nn.Module):
     """Multi-head self-attention without biases or mask (non-causal by default).
 
     ``qkv_proj`` [(H + 2*H_kv)*D, hidden] and ``o_proj`` [hidden, H*D], as in the reference.
     Shapes: x ``[B, S, hidden]`` -> ``[B, S, hidden]``, in ``x.dtype``. Kernel: flash_attn where
-    :func:`flash_attention_usable`, else torch's SDPA, on fp32 copies where :func:`sdpa_in_float32`.
+    :func:`flash_attention_usable`, else :func:`sdpa`.
     """
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_key_value_heads: int, causal: bool = False):
@@ -167,12 +179,8 @@ class Attention(nn.Module):
             out = flash_attn_func(q, k, v, causal=self.causal)
             out = out[0] if isinstance(out, tuple) else out  # FA3 also returns the log-sum-exp
         else:
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-            if sdpa_in_float32(x.device, x.dtype):
-                q, k, v = q.float(), k.float(), v.float()
-            out = F.scaled_dot_product_attention(
-                q, k, v, is_causal=self.causal, enable_gqa=self.num_key_value_heads != self.num_heads,
-            ).transpose(1, 2).to(x.dtype)
+            out = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=self.causal,
+                       enable_gqa=self.num_key_value_heads != self.num_heads).transpose(1, 2)
         return self.o_proj(out.reshape(batch, seq_len, self.num_heads * self.head_dim))
 
 

@@ -117,14 +117,17 @@ def test_attention_matches_manual_softmax_attention():
     torch.testing.assert_close(attn(x), attn.o_proj(manual))
 
 
-def test_bf16_attention_on_a_cpu_runs_sdpa_on_fp32_copies_and_is_as_close_to_float64():
+def test_bf16_attention_on_a_cpu_runs_sdpa_on_fp32_copies_and_is_as_close_to_float64(monkeypatch):
     torch.manual_seed(0)
     attn = Attention(hidden_size=64, head_dim=16, num_heads=4, num_key_value_heads=4)
     x = torch.randn(4, 30, 64)
     exact = attn.double()(x.double())
     attn.float()
+    seen, torch_sdpa = [], layers.F.scaled_dot_product_attention
+    monkeypatch.setattr(layers.F, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append(q.dtype) or torch_sdpa(q, k, v, **kw))
     out = attn(x.to(torch.bfloat16))
-    assert out.dtype == torch.bfloat16
+    assert out.dtype == torch.bfloat16 and seen == [torch.float32]
     assert sdpa_in_float32(torch.device("cpu"), torch.bfloat16) and not sdpa_in_float32(torch.device("cpu"), torch.float32)
     assert not sdpa_in_float32(torch.device("cuda"), torch.bfloat16) and not sdpa_in_float32(torch.device("mps"), torch.float16)
     # bf16 rounding of x, the weights and the projections bounds the error; fp32 inside SDPA adds nothing visible.
