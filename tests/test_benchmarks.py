@@ -83,6 +83,19 @@ def test_a_step_worker_serves_timed_steps_of_its_own_process_and_counts_its_flop
     assert worker.proc.returncode == 0
 
 
+def test_side_by_side_table_gives_the_ceiling_a_step_at_the_gemm_rate_would_reach():
+    from scripts.benchmark_step import format_side_by_side
+
+    row = {"model": "trm_mlp", "params": 5, "reference_params": 5, "batch": 64, "dtype": "bfloat16",
+           "eager_examples_s": 11.0, "compiled_examples_s": 12.0, "reference_examples_s": 10.0,
+           "reference_compiled_examples_s": 10.5, "compiled_vs_reference": 1.2, "compiled_vs_reference_compiled": 1.14,
+           "compiled_of_peak": 0.75, "reference_of_peak": 0.625}
+    head, _, cells = (line.strip("| ").split(" | ") for line in format_side_by_side([row]).splitlines())
+    table = dict(zip(head, cells))
+    # the reference at 62.5% of the GEMM rate: a step with no elementwise work would be 1 / 0.625 = 1.6x it
+    assert table["ceiling vs reference eager"] == "1.60x" and table["reference eager of peak"] == "62%"
+
+
 def test_side_by_side_needs_a_reference_checkout_and_trm_models(tmp_path):
     out = script("benchmark_step.py", "--reference-dir", str(tmp_path))
     assert out.returncode == 2 and "no models/recursive_reasoning/trm.py there" in out.stderr
