@@ -143,8 +143,10 @@ def run(args: argparse.Namespace) -> int:
     arc = ARC(data_path) if (Path(data_path) / "test_puzzles.json").is_file() else None
     collector = OutputsCollector() if args.save_outputs is not None else None
     consumers = [c for c in (arc, collector) if c is not None]
-    metrics = evaluate_puzzles(head, head, loader, device, Dist(), args.max_examples, consumers=consumers,
-                               ttc=test_time_compute(args))
+    ttc = test_time_compute(args, cfg)
+    if not ttc.plain:
+        log.info("test-time compute: %s", ttc)
+    metrics = evaluate_puzzles(head, head, loader, device, Dist(), args.max_examples, consumers=consumers, ttc=ttc)
     if arc is not None:
         arc_metrics, submission = arc.score()
         metrics.update(arc_metrics)

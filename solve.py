@@ -70,7 +70,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, "--out")
-    ttc = test_time_compute(args, keep_segments=True)
+    ttc = test_time_compute(args, keep_segments=True)  # the flags checked before any work
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, args.forward_dtype)
     out = Path(args.out)
@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     trained = load_trained(args.checkpoint, device, dtype, len(puzzles), seq_len=inputs.shape[1])
     check_fits(trained, task, inputs.shape[1])
     print(f"model: {trained.note or trained.path} (step {trained.step})")
+    ttc = test_time_compute(args, trained.cfg, keep_segments=True)
     batch = {"inputs": inputs.to(device), "labels": inputs.to(device).long(),
              "puzzle_identifiers": torch.zeros(len(puzzles), dtype=torch.int32, device=device)}
     answer = {k: v.cpu() for k, v in reason(trained.head, trained.head, batch, ttc).items()}

@@ -1,11 +1,15 @@
 """Test-time compute (utils/eval/reasoning.py): the default is the references' evaluation bitwise; more segments,
 early exit on the Q head, and seeded rollouts ranked by q_halt."""
 
+import argparse
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from models import build_model, validate_arch
-from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, reason
+from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, add_test_time_arguments, reason
+from utils.eval.reasoning import test_time_compute as from_flags  # a test_* name pytest would collect
 
 SEQ, VOCAB, BATCH = 16, 6, 5
 
@@ -92,3 +96,19 @@ def test_rollouts_keep_the_most_confident_answer_and_are_seeded(head, batch):
 def test_bad_settings_are_named(settings, fragment):
     with pytest.raises(TestTimeComputeError, match=fragment):
         TestTimeCompute(**settings).check()
+
+
+def test_without_flags_a_run_is_scored_with_its_own_evaluation_settings():
+    parser = argparse.ArgumentParser()
+    add_test_time_arguments(parser)
+    run = SimpleNamespace(eval_halt_max_steps=4, eval_early_exit=False, eval_min_segments=1, eval_rollouts=16,
+                          eval_noise=0.5)
+    assert from_flags(parser.parse_args([]), run) == TestTimeCompute(4, rollouts=16, noise=0.5)
+    # any flag replaces all of the run's settings; the others take the references' defaults
+    assert from_flags(parser.parse_args(["--segments", "8"]), run) == TestTimeCompute(8)
+    assert from_flags(parser.parse_args(["--rollouts", "4"]), run) == TestTimeCompute(rollouts=4, noise=1.0)
+    assert from_flags(parser.parse_args(["--early-exit"]), run) == TestTimeCompute(early_exit=True)
+    # no run at hand (or a reference checkpoint's defaults): the references' evaluation
+    assert from_flags(parser.parse_args([])).plain
+    with pytest.raises(TestTimeComputeError, match="min_segments=0"):
+        from_flags(parser.parse_args(["--min-segments", "0"]), run)

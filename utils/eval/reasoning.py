@@ -146,17 +146,22 @@ def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestT
     return kept
 
 
+TEST_TIME_FLAGS = ("segments", "early_exit", "min_segments", "rollouts", "noise")
+
+
 def add_test_time_arguments(parser) -> None:
     """The test-time compute flags of ``evaluate.py`` and ``solve.py`` (one definition for both)."""
-    g = parser.add_argument_group("test-time compute (default: the model's halt_max_steps segments, as the "
-                                  "references evaluate)")
+    g = parser.add_argument_group("test-time compute (default: the training run's own evaluation settings, "
+                                  "eval_halt_max_steps, eval_rollouts, ..., where the checkpoint has them; else the "
+                                  "model's halt_max_steps segments and one answer, as the references evaluate; any of "
+                                  "these flags replaces the run's settings, the rest at those defaults)")
     g.add_argument("--segments", type=int, default=None, metavar="T",
                    help="ACT segments at most per puzzle (more than training used is allowed)")
-    g.add_argument("--early-exit", action="store_true",
+    g.add_argument("--early-exit", action="store_true", default=None,
                    help="a puzzle stops at the first segment where the Q head says halt (q_halt > 0)")
-    g.add_argument("--min-segments", type=int, default=1, metavar="M",
+    g.add_argument("--min-segments", type=int, default=None, metavar="M",
                    help="with --early-exit, the fewest segments a puzzle runs (default: 1)")
-    g.add_argument("--rollouts", type=int, default=1, metavar="K",
+    g.add_argument("--rollouts", type=int, default=None, metavar="K",
                    help="answer each puzzle K times (the first from the model's initial state, the others from it "
                         "plus noise) and keep the answer with the highest q_halt (default: 1)")
     g.add_argument("--noise", type=float, default=None,
@@ -164,12 +169,22 @@ def add_test_time_arguments(parser) -> None:
     g.add_argument("--rollout-seed", type=int, default=0, help="seed of the rollouts' noise (default: 0)")
 
 
-def test_time_compute(args, keep_segments: bool = False) -> TestTimeCompute:
+def test_time_compute(args, run_cfg=None, keep_segments: bool = False) -> TestTimeCompute:
     """The :class:`TestTimeCompute` the flags of :func:`add_test_time_arguments` ask for.
+
+    With none of those flags given and ``run_cfg`` (the training run's config, ``Trained.cfg``) at hand, the run's
+    own evaluation settings (``eval_halt_max_steps``, ``eval_early_exit``, ``eval_min_segments``, ``eval_rollouts``,
+    ``eval_noise``), so that ``evaluate.py RUN`` scores what the run's evaluations scored. Otherwise the flags, each
+    one not given at the references' default.
 
     Raises:
         TestTimeComputeError: a value out of range.
     """
-    noise = args.noise if args.noise is not None else (1.0 if args.rollouts > 1 else 0.0)
-    return TestTimeCompute(args.segments, args.early_exit, args.min_segments, args.rollouts, noise, args.rollout_seed,
-                           keep_segments).check()
+    if run_cfg is not None and all(getattr(args, flag) is None for flag in TEST_TIME_FLAGS):
+        return TestTimeCompute(getattr(run_cfg, "eval_halt_max_steps", None), getattr(run_cfg, "eval_early_exit", False),
+                               getattr(run_cfg, "eval_min_segments", 1), getattr(run_cfg, "eval_rollouts", 1),
+                               getattr(run_cfg, "eval_noise", 0.0), args.rollout_seed, keep_segments).check()
+    rollouts = 1 if args.rollouts is None else args.rollouts
+    noise = args.noise if args.noise is not None else (1.0 if rollouts > 1 else 0.0)
+    return TestTimeCompute(args.segments, bool(args.early_exit), 1 if args.min_segments is None else args.min_segments,
+                           rollouts, noise, args.rollout_seed, keep_segments).check()
