@@ -377,8 +377,7 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
 def eval_compute(cfg: PretrainConfig) -> TestTimeCompute:
     """The test-time compute of the evaluations (``eval_halt_max_steps``, ``eval_early_exit``, ...)."""
     keep = any(k.startswith("segment") for k in cfg.eval_save_outputs)
-    return TestTimeCompute(cfg.eval_halt_max_steps, cfg.eval_early_exit, cfg.eval_min_segments, cfg.eval_rollouts,
-                           cfg.eval_noise, cfg.seed, keep)
+    return TestTimeCompute.of_run(cfg, keep)
 
 
 def log_train_point(state: PuzzleTrainState, cfg: PretrainConfig, rank: Dist, metrics: MetricsWriter, bar) -> None:

@@ -102,8 +102,11 @@ def test_without_flags_a_run_is_scored_with_its_own_evaluation_settings():
     parser = argparse.ArgumentParser()
     add_test_time_arguments(parser)
     run = SimpleNamespace(eval_halt_max_steps=4, eval_early_exit=False, eval_min_segments=1, eval_rollouts=16,
-                          eval_noise=0.5)
-    assert from_flags(parser.parse_args([]), run) == TestTimeCompute(4, rollouts=16, noise=0.5)
+                          eval_noise=0.5, seed=7)
+    # the run's rollouts are seeded by its seed, as pretrain.py's evaluations are; --rollout-seed may change it
+    assert from_flags(parser.parse_args([]), run) == TestTimeCompute(4, rollouts=16, noise=0.5, seed=7)
+    reseeded = from_flags(parser.parse_args(["--rollout-seed", "3"]), run)
+    assert reseeded == TestTimeCompute(4, rollouts=16, noise=0.5, seed=3)
     # any flag replaces all of the run's settings; the others take the references' defaults
     assert from_flags(parser.parse_args(["--segments", "8"]), run) == TestTimeCompute(8)
     assert from_flags(parser.parse_args(["--rollouts", "4"]), run) == TestTimeCompute(rollouts=4, noise=1.0)

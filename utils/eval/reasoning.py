@@ -73,6 +73,14 @@ class TestTimeCompute:
                                        "(identical rollouts would add nothing), 0..100 otherwise")
         return self
 
+    @classmethod
+    def of_run(cls, cfg, keep_segments: bool = False) -> "TestTimeCompute":
+        """What a training run's evaluations use: its ``eval_halt_max_steps``, ``eval_early_exit``,
+        ``eval_min_segments``, ``eval_rollouts`` and ``eval_noise``, the rollouts seeded by its ``seed``.
+        ``cfg`` is a ``PretrainConfig``."""
+        return cls(cfg.eval_halt_max_steps, cfg.eval_early_exit, cfg.eval_min_segments, cfg.eval_rollouts,
+                   cfg.eval_noise, cfg.seed, keep_segments)
+
     @property
     def plain(self) -> bool:
         """Whether this is the references' evaluation (all ``halt_max_steps`` segments, one rollout)."""
@@ -166,25 +174,25 @@ def add_test_time_arguments(parser) -> None:
                         "plus noise) and keep the answer with the highest q_halt (default: 1)")
     g.add_argument("--noise", type=float, default=None,
                    help="std of the noise on the initial latent state of rollouts 2..K (default: 1.0 with K > 1)")
-    g.add_argument("--rollout-seed", type=int, default=0, help="seed of the rollouts' noise (default: 0)")
+    g.add_argument("--rollout-seed", type=int, default=None,
+                   help="seed of the rollouts' noise (default: the run's seed with its own settings, else 0)")
 
 
 def test_time_compute(args, run_cfg=None, keep_segments: bool = False) -> TestTimeCompute:
     """The :class:`TestTimeCompute` the flags of :func:`add_test_time_arguments` ask for.
 
     With none of those flags given and ``run_cfg`` (the training run's config, ``Trained.cfg``) at hand, the run's
-    own evaluation settings (``eval_halt_max_steps``, ``eval_early_exit``, ``eval_min_segments``, ``eval_rollouts``,
-    ``eval_noise``), so that ``evaluate.py RUN`` scores what the run's evaluations scored. Otherwise the flags, each
-    one not given at the references' default.
+    own evaluation settings (:meth:`TestTimeCompute.of_run`), so that ``evaluate.py RUN`` scores what the run's
+    evaluations scored; ``--rollout-seed`` may still change their seed. Otherwise the flags, each one not given at
+    the references' default.
 
     Raises:
         TestTimeComputeError: a value out of range.
     """
     if run_cfg is not None and all(getattr(args, flag) is None for flag in TEST_TIME_FLAGS):
-        return TestTimeCompute(getattr(run_cfg, "eval_halt_max_steps", None), getattr(run_cfg, "eval_early_exit", False),
-                               getattr(run_cfg, "eval_min_segments", 1), getattr(run_cfg, "eval_rollouts", 1),
-                               getattr(run_cfg, "eval_noise", 0.0), args.rollout_seed, keep_segments).check()
+        ttc = TestTimeCompute.of_run(run_cfg, keep_segments)
+        return (ttc if args.rollout_seed is None else dataclasses.replace(ttc, seed=args.rollout_seed)).check()
     rollouts = 1 if args.rollouts is None else args.rollouts
     noise = args.noise if args.noise is not None else (1.0 if rollouts > 1 else 0.0)
     return TestTimeCompute(args.segments, bool(args.early_exit), 1 if args.min_segments is None else args.min_segments,
-                           rollouts, noise, args.rollout_seed, keep_segments).check()
+                           rollouts, noise, args.rollout_seed or 0, keep_segments).check()
