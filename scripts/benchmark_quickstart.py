@@ -115,7 +115,7 @@ def run_recipe(label: str, recipe: str, extra: tuple[str, ...], data: Path, out:
             bar.set_postfix_str(last_eval_text(run_dir), refresh=True)
         code = proc.returncode
     wall = time.perf_counter() - start
-    if code != 0:
+    if not finished_as_asked(code, stopped):
         tail = "; ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])
         raise BenchmarkError(f"{label} ({recipe}) exited with code {code}: {tail} (full log: {log_path})")
     points = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -128,6 +128,12 @@ def run_recipe(label: str, recipe: str, extra: tuple[str, ...], data: Path, out:
               "compiled": compiled, "evals": evals, "last_step": max((p["step"] for p in points), default=0),
               "median_examples_per_s": speeds[len(speeds) // 2] if speeds else None}
     return result
+
+
+def finished_as_asked(code: int, stopped: bool) -> bool:
+    """Whether a run's exit status is a success: 0, or SIGTERM's 143 when the budget stopped it (a stopped run
+    checkpoints and exits with 128 + the signal's number, utils/run/stop.py)."""
+    return code == 0 or (stopped and code == 128 + signal.SIGTERM)
 
 
 def last_eval_text(run_dir: Path) -> str:

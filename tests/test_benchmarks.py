@@ -169,6 +169,15 @@ def test_quickstart_table_shows_the_last_evaluation_finished_by_each_checkpoint(
     assert "final eval at 250 s on 256 puzzles: blank 0.975, exact 0.875" in out.stdout
 
 
+def test_quickstart_accepts_the_exit_status_of_a_run_it_stopped_at_the_budget():
+    from scripts.benchmark_quickstart import finished_as_asked
+
+    assert finished_as_asked(0, stopped=False) and finished_as_asked(0, stopped=True)
+    assert finished_as_asked(143, stopped=True)  # SIGTERM at the budget: checkpoint, then 128 + 15
+    assert not finished_as_asked(143, stopped=False)  # a SIGTERM the benchmark did not send
+    assert not finished_as_asked(1, stopped=True) and not finished_as_asked(2, stopped=False)
+
+
 def test_quickstart_bad_input_is_one_error_line(tmp_path):
     bad = tmp_path / "results.json"
     bad.write_text("{}")
