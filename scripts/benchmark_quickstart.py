@@ -66,7 +66,8 @@ TASKS = {
                    minutes=10, checkpoints=(2, 4, 6, 8, 10),
                    notes={"HRM": "eval_interval=8 (the recipe: 40) for a point near each checkpoint"}),
     "maze": Task("cfg_pretrain_trm_maze_cpu",
-                 {"TRM": ("cfg_pretrain_trm_maze_cpu", ()), "HRM": ("cfg_pretrain_cpu", ("epochs=6", "eval_interval=1"))},
+                 {"TRM": ("cfg_pretrain_trm_maze_cpu", ()),
+                  "HRM": ("cfg_pretrain_cpu", ("epochs=6", "eval_interval=1"))},
                  minutes=15, checkpoints=(3, 6, 9, 12, 15),
                  notes={"HRM": "the Sudoku quickstart's HRM on the maze data with the TRM recipe's 6 epochs of its "
                                "24,000 mazes, evaluated after each"}),
