@@ -44,6 +44,7 @@ from utils.data.builders import build_dataset  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.stop import signal_exit_code  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def run_recipe(label: str, recipe: str, extra: tuple[str, ...], data: Path, out:
 def finished_as_asked(code: int, stopped: bool) -> bool:
     """Whether a run's exit status is a success: 0, or SIGTERM's 143 when the budget stopped it (a stopped run
     checkpoints and exits with 128 + the signal's number, utils/run/stop.py)."""
-    return code == 0 or (stopped and code == 128 + signal.SIGTERM)
+    return code == 0 or (stopped and code == signal_exit_code(signal.SIGTERM))
 
 
 def last_eval_text(run_dir: Path) -> str:

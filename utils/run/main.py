@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from utils.distributed import Dist, init_distributed
 from utils.errors import RunFailure, UserError
-from utils.run.stop import GracefulStop, StoppedAtOnce
+from utils.run.stop import GracefulStop, StoppedAtOnce, signal_exit_code
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
@@ -91,7 +91,7 @@ def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
         return e.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C: abort at once, without a checkpoint
         print("aborted (second Ctrl-C): no checkpoint was written for the last steps", file=sys.stderr, flush=True)
-        return 128 + int(signal.SIGINT)
+        return signal_exit_code(signal.SIGINT)
     finally:
         if rank.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -18,6 +18,11 @@ from typing import Iterator, Optional
 from tqdm import tqdm
 
 
+def signal_exit_code(signum: int) -> int:
+    """The exit status of a run ended by signal ``signum``: ``128 + signum`` (130 for SIGINT, 143 for SIGTERM)."""
+    return 128 + int(signum)
+
+
 class StoppedAtOnce(BaseException):
     """A signal arrived during :meth:`GracefulStop.at_once`; ``exit_code`` is 128 + its number. A BaseException, as
     KeyboardInterrupt is, so no ``except Exception`` on the way swallows it."""
@@ -25,7 +30,7 @@ class StoppedAtOnce(BaseException):
     def __init__(self, signal_name: str):
         super().__init__(f"stopped by {signal_name} during the first step (compiling), before anything was trained "
                          "since the last checkpoint; nothing needed saving")
-        self.exit_code = 128 + int(signal.Signals[signal_name])
+        self.exit_code = signal_exit_code(signal.Signals[signal_name])
 
 
 class GracefulStop:
@@ -59,7 +64,7 @@ class GracefulStop:
     def exit_code(self) -> int:
         """``128 + signal number`` of the signal received (SIGTERM's, 143, when another torchrun rank got it)."""
         number = signal.Signals[self.signal_name] if self.signal_name else signal.SIGTERM
-        return 128 + int(number)
+        return signal_exit_code(number)
 
     def __enter__(self) -> "GracefulStop":
         for sig in (signal.SIGINT, signal.SIGTERM):
