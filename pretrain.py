@@ -43,7 +43,7 @@ from utils.distributed import Dist, any_rank, main_decides
 from utils.eval.arc import ARC
 from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
-from utils.eval.reasoning import TestTimeCompute
+from utils.eval.reasoning import TestTimeCompute, view_grid_side
 from utils.hardware_optimizer import HRM_CONFIGS, compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
 from utils.run.checkpointer import Best, Checkpointer
@@ -438,6 +438,8 @@ def load_data(setup: Setup, rank: Dist) -> PuzzleData:
                          world_size=rank.world_size)
     metadata = train.metadata
     check_compatible(metadata, test.metadata, f"{cfg.data_paths} and {test_paths}")
+    if cfg.eval_views > 1:  # refused now, not at the first evaluation
+        view_grid_side(metadata.seq_len, metadata.num_puzzle_identifiers > 1)
     total_steps = int(cfg.epochs * metadata.total_groups * metadata.mean_puzzle_examples / cfg.global_batch_size)
     if total_steps < 1:
         raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "

@@ -135,6 +135,17 @@ def test_data_path_and_data_paths_resolve_by_layer():
         pretrain.resolve_setup(pretrain.parse_args([*args, "data_path=a", "data_paths=[b]"]), Dist())
 
 
+def test_evaluations_vote_over_dihedral_views_and_evaluate_scores_the_same(sudoku_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert pretrain.main(trm(sudoku_dir, run, "eval_views=8", "eval_early_exit=true", "eval_min_segments=1")) == 0
+    assert "eval_views: 8" in (run / "plan.yaml").read_text()
+    capsys.readouterr()
+    assert evaluate.main([str(run), "--forward-dtype", "float32", "--json"]) == 0  # the run's own settings, views too
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["exact_accuracy"] == pytest.approx(eval_points(run)[-1]["eval/exact_accuracy"], abs=1e-6)
+    assert metrics["accuracy"] == pytest.approx(eval_points(run)[-1]["eval/accuracy"], abs=1e-6)
+
+
 @pytest.fixture(scope="module")
 def arc_dir(tmp_path_factory):
     return build_arc_dataset(tmp_path_factory.mktemp("arc") / "arc", "arc-agi-1", num_aug=2, max_tasks=3)
@@ -155,6 +166,10 @@ def test_arc_run_scores_with_voting_saves_outputs_and_pictures(arc_dir, tmp_path
     assert evaluate.main(["--outputs", str(outputs), "--data-path", str(arc_dir), "--json"]) == 0
     rescored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert all(rescored[k] == point[f"eval/{k}"] for k in rescored)
+
+    refused = pretrain.main(["--config-name=cfg_pretrain_arc_cpu", f"data_paths=[{arc_dir}]", f"checkpoint_path={tmp_path / 'r2'}",
+                             *TINY_TRM[1:], "eval_views=2"])
+    assert refused == 2 and "identifiers" in capsys.readouterr().err and not (tmp_path / "r2" / "step_1.pt").exists()
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(run / "tensorboard"))

@@ -1,5 +1,5 @@
 """Test-time compute (utils/eval/reasoning.py): the default is the references' evaluation bitwise; more segments,
-early exit on the Q head, and seeded rollouts ranked by q_halt."""
+early exit on the Q head, seeded rollouts ranked by q_halt, and dihedral views voted as TRM's ARC evaluator votes."""
 
 import argparse
 from types import SimpleNamespace
@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from models import build_model, validate_arch
-from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, add_test_time_arguments, reason
+from utils.data.common import dihedral, inverse_dihedral
+from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, add_test_time_arguments, reason, vote
 from utils.eval.reasoning import test_time_compute as from_flags  # a test_* name pytest would collect
 
-SEQ, VOCAB, BATCH = 16, 6, 5
+SEQ, VOCAB, BATCH = 16, 6, 5  # a 4 x 4 grid
 
 
 @pytest.fixture(scope="module", params=["hrm_v1", "trm"])
@@ -89,8 +90,51 @@ def test_rollouts_keep_the_most_confident_answer_and_are_seeded(head, batch):
                                                                                              seed=5))["q_halt_logits"])
 
 
+def test_views_answer_every_rotation_and_keep_the_answer_most_views_agree_on(head, batch):
+    # An independent re-computation: transform each grid with the dataset builders' numpy dihedral, answer it as a
+    # plain batch, map the answer back, and rank the distinct answers by votes, then mean sigmoid(q_halt).
+    grids = batch["inputs"].numpy().reshape(BATCH, 4, 4)
+    answers, confidences = [], []
+    for t in range(8):
+        view = dict(batch, inputs=torch.from_numpy(dihedral(grids, t).reshape(BATCH, SEQ).copy()))
+        one = reason(head, head, view, TestTimeCompute())
+        answers.append(inverse_dihedral(one["preds"].numpy().reshape(BATCH, 4, 4), t).reshape(BATCH, SEQ))
+        confidences.append(torch.sigmoid(one["q_halt_logits"]).numpy())
+    voted = reason(head, head, batch, TestTimeCompute(views=8))
+    assert torch.equal(reason(head, head, batch, TestTimeCompute(views=1))["logits"],
+                       reason(head, head, batch, TestTimeCompute())["logits"])
+    for row in range(BATCH):
+        pool = {}
+        for t in range(8):
+            count, total = pool.get(answers[t][row].tobytes(), (0, 0.0))
+            pool[answers[t][row].tobytes()] = (count + 1, total + float(confidences[t][row]))
+        best = max(pool, key=lambda key: (pool[key][0], pool[key][1] / pool[key][0]))
+        assert voted["preds"][row].numpy().tobytes() == best
+        assert torch.equal(voted["logits"][row].argmax(-1), voted["preds"][row])  # logits mapped back with the answer
+
+
+def test_vote_counts_identical_answers_before_confidence():
+    def answer(preds, q):
+        return {"preds": torch.tensor(preds), "q_halt_logits": torch.tensor(q), "segments": torch.tensor([1, 2])}
+    views = [answer([[1, 2], [5, 5]], [9.0, -1.0]),  # row 0: alone and confident; row 1: tied, less confident
+             answer([[3, 4], [6, 6]], [-2.0, 3.0]),
+             answer([[3, 4], [5, 5]], [-3.0, -2.0])]
+    kept = vote(views)
+    assert kept["preds"].tolist() == [[3, 4], [5, 5]]  # two votes beat one confident view
+    assert kept["q_halt_logits"].tolist() == [-2.0, -1.0] and kept["segments"].tolist() == [1, 2]  # the first agreeing view
+    tie = vote([answer([[1, 2], [5, 5]], [0.0, 0.0]), answer([[3, 4], [6, 6]], [1.0, -1.0])])
+    assert tie["preds"].tolist() == [[3, 4], [5, 5]]  # one vote each: the higher confidence, then the earlier view
+
+
+def test_views_refuse_grids_they_cannot_rotate(head, batch):
+    with pytest.raises(TestTimeComputeError, match="15 cells"):
+        reason(head, head, {k: v[:, :15] if v.ndim == 2 else v for k, v in batch.items()}, TestTimeCompute(views=2))
+    with pytest.raises(TestTimeComputeError, match="identifiers"):
+        reason(head, head, dict(batch, puzzle_identifiers=torch.arange(BATCH, dtype=torch.int32)), TestTimeCompute(views=2))
+
+
 @pytest.mark.parametrize("settings,fragment", [
-    (dict(segments=0), "segments=0"), (dict(rollouts=0), "rollouts=0"), (dict(rollouts=3), "noise=0.0"),
+    (dict(views=0), "views=0"), (dict(views=9), "views=9"), (dict(segments=0), "segments=0"), (dict(rollouts=0), "rollouts=0"), (dict(rollouts=3), "noise=0.0"),
     (dict(noise=float("nan")), "noise=nan"), (dict(segments=2, min_segments=3), "min_segments=3"),
 ])
 def test_bad_settings_are_named(settings, fragment):
@@ -111,6 +155,9 @@ def test_without_flags_a_run_is_scored_with_its_own_evaluation_settings():
     assert from_flags(parser.parse_args(["--segments", "8"]), run) == TestTimeCompute(8)
     assert from_flags(parser.parse_args(["--rollouts", "4"]), run) == TestTimeCompute(rollouts=4, noise=1.0)
     assert from_flags(parser.parse_args(["--early-exit"]), run) == TestTimeCompute(early_exit=True)
+    assert from_flags(parser.parse_args(["--views", "8"]), run) == TestTimeCompute(views=8)
+    voting = SimpleNamespace(**vars(run), eval_views=8)
+    assert from_flags(parser.parse_args([]), voting) == TestTimeCompute(4, rollouts=16, noise=0.5, seed=7, views=8)
     # no run at hand (or a reference checkpoint's defaults): the references' evaluation
     assert from_flags(parser.parse_args([])).plain
     with pytest.raises(TestTimeComputeError, match="min_segments=0"):

@@ -94,6 +94,8 @@ class PretrainConfig:
     eval_rollouts: int = setting(1, "answers per test puzzle (the first from the initial state, the others from it "
                                     "plus eval_noise), the one with the highest q_halt kept")
     eval_noise: float = setting(0.0, "std of the noise on the initial latent state of rollouts 2..eval_rollouts")
+    eval_views: int = setting(1, "dihedral views per test puzzle (1..8, square grids without puzzle identifiers: "
+                                 "Sudoku, mazes), each answered and mapped back; the answer most views agree on is kept")
     best_metric: str = setting("auto", "the evaluation metric that picks best.pt (higher is better); auto: ARC/pass@2 "
                                        "with the ARC evaluator, else exact_accuracy")
 
@@ -141,7 +143,7 @@ class PretrainConfig:
 RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "logger", "log_interval",
                     "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
                     "eval_max_examples", "evaluators", "eval_save_outputs", "eval_halt_max_steps", "eval_early_exit",
-                    "eval_min_segments", "eval_rollouts", "eval_noise", "best_metric")
+                    "eval_min_segments", "eval_rollouts", "eval_noise", "eval_views", "best_metric")
 EVALUATORS = {"arc@ARC": "ARC", "ARC": "ARC", "arc": "ARC"}  # TRM's names, and ours
 # Every float setting: (low, high, whether high itself is excluded). The published recipes (HRM: lr 1e-4 and 7e-5,
 # puzzle_emb_lr 1e-2 and 7e-5, weight_decay 0.1 to 1.0; TRM: lr 1e-4, weight_decay 1.0, ema_rate 0.999) sit well inside.

@@ -10,7 +10,13 @@ signal (``sapientinc/HRM`` ``evaluate``; HRM issue 7, TRM issue 64 ask why). :fu
 - ``rollouts`` K: the batch is answered K times, rollout 0 from the model's initial state and rollouts 1..K-1 from
   it plus Gaussian noise of std ``noise`` (seeded by ``seed`` and the rollout), and each row keeps the rollout
   whose final ``q_halt`` is highest: the test-time exploration of arXiv 2605.19943 / 2605.25230, ranked by the
-  model's own confidence, never by the labels.
+  model's own confidence, never by the labels;
+- ``views`` V: the batch is answered once per dihedral view (the grid rotated or reflected by transform t0..t(V-1),
+  :func:`utils.data.common.dihedral`), each answer mapped back to the original orientation, and each row keeps
+  the answer most views agree on, ties broken by their mean ``sigmoid(q_halt)``: the voting of TRM's ARC evaluator
+  (``evaluators/arc.py``: identical answers pool votes, rank by votes then mean confidence) over the symmetries
+  of a square puzzle whose rules they preserve (Sudoku, mazes). Views need a square grid and no per-puzzle
+  embedding (a rotated puzzle has no identifier of its own), so ARC keeps its own evaluator.
 
 With the defaults (``halt_max_steps`` segments, no early exit, one rollout) the answer is bitwise the
 reference's evaluation. The loop drives the (possibly compiled) ACT loss head one segment per call and keeps
@@ -23,9 +29,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from models.act import Carry
+from utils.data.common import dihedral
 from utils.errors import UserError
 
 
@@ -47,6 +55,7 @@ class TestTimeCompute:
         noise: std of the Gaussian noise on the initial latent state of rollouts 1..K-1.
         seed: seeds the noise (rollout k uses ``seed + k``).
         keep_segments: also return every segment's answer and ``q_halt`` (of the kept rollout).
+        views: V, dihedral views of each puzzle answered and voted on (1..8; 1: the puzzle as given).
     """
 
     __test__ = False  # not a pytest class despite its name
@@ -58,6 +67,7 @@ class TestTimeCompute:
     noise: float = 0.0
     seed: int = 0
     keep_segments: bool = False
+    views: int = 1
 
     def check(self) -> "TestTimeCompute":
         """Raises:
@@ -68,6 +78,8 @@ class TestTimeCompute:
             raise TestTimeComputeError(f"min_segments={self.min_segments} is out of range: 1..segments")
         if not 1 <= self.rollouts <= 1024:
             raise TestTimeComputeError(f"rollouts={self.rollouts} is out of range: 1..1024")
+        if not 1 <= self.views <= 8:
+            raise TestTimeComputeError(f"views={self.views} is out of range: 1..8 (the dihedral transforms of a square)")
         if not (0 <= self.noise <= 100) or (self.rollouts > 1 and self.noise == 0):
             raise TestTimeComputeError(f"noise={self.noise} is out of range: a finite std in (0, 100] when rollouts > 1 "
                                        "(identical rollouts would add nothing), 0..100 otherwise")
@@ -76,15 +88,15 @@ class TestTimeCompute:
     @classmethod
     def of_run(cls, cfg, keep_segments: bool = False) -> "TestTimeCompute":
         """What a training run's evaluations use: its ``eval_halt_max_steps``, ``eval_early_exit``,
-        ``eval_min_segments``, ``eval_rollouts`` and ``eval_noise``, the rollouts seeded by its ``seed``.
-        ``cfg`` is a ``PretrainConfig``."""
+        ``eval_min_segments``, ``eval_rollouts``, ``eval_noise`` and ``eval_views``, the rollouts seeded by its
+        ``seed``. ``cfg`` is a ``PretrainConfig`` (or a checkpoint's settings, which may predate ``eval_views``)."""
         return cls(cfg.eval_halt_max_steps, cfg.eval_early_exit, cfg.eval_min_segments, cfg.eval_rollouts,
-                   cfg.eval_noise, cfg.seed, keep_segments)
+                   cfg.eval_noise, cfg.seed, keep_segments, getattr(cfg, "eval_views", 1))
 
     @property
     def plain(self) -> bool:
         """Whether this is the references' evaluation (all ``halt_max_steps`` segments, one rollout)."""
-        return self.segments is None and not self.early_exit and self.rollouts == 1
+        return self.segments is None and not self.early_exit and self.rollouts == 1 and self.views == 1
 
 
 def initial_carry(head, batch: dict[str, torch.Tensor], noise: float, seed: int) -> Carry:
@@ -112,8 +124,70 @@ def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTim
     Returns:
         ``logits`` [B, S, V], ``preds`` [B, S] int64, ``q_halt_logits`` [B] fp32 and ``segments`` [B] int32 of the
         kept answer; with ``keep_segments``, ``segment_preds`` [B, T, S] and ``segment_q_halt`` [B, T] of the kept
-        rollout (segments after a row stopped repeat its answer).
+        rollout (segments after a row stopped repeat its answer). With views, all in the puzzle's own orientation.
+
+    Raises:
+        TestTimeComputeError: ``views`` > 1 on a batch that is not a square grid or that has puzzle identifiers.
     """
+    if ttc.views == 1:
+        return _best_rollout(forward, head, batch, ttc)
+    side = view_grid_side(batch["inputs"].shape[1], bool((batch["puzzle_identifiers"] != 0).any()))
+    answers = []
+    for t in range(ttc.views):
+        order = torch.as_tensor(dihedral_order(side, t), device=batch["inputs"].device)
+        view = {k: v[:, order] if k in ("inputs", "labels") else v for k, v in batch.items()}
+        answer = _best_rollout(forward, head, view, ttc)
+        back = torch.argsort(order)
+        answers.append({k: v.index_select(SEQUENCE_AXIS[k], back) if k in SEQUENCE_AXIS else v
+                        for k, v in answer.items()})
+    return vote(answers)
+
+
+SEQUENCE_AXIS = {"logits": 1, "preds": 1, "segment_preds": 2}  # the grid-cell axis of each answer tensor
+
+
+def view_grid_side(seq_len: int, has_identifiers: bool = False) -> int:
+    """The side of the square grid that dihedral views transform: ``sqrt(seq_len)``.
+
+    Raises:
+        TestTimeComputeError: ``seq_len`` is not a square, or a puzzle has an identifier (a learned per-puzzle
+            embedding, which a rotated copy of the puzzle would not match; ARC's case).
+    """
+    side = int(round(seq_len ** 0.5))
+    if side * side != seq_len:
+        raise TestTimeComputeError(f"views > 1 rotate a square grid, but the puzzles have {seq_len} cells; "
+                                   "use views=1 for this dataset")
+    if has_identifiers:
+        raise TestTimeComputeError("views > 1 cannot rotate puzzles that have their own identifiers (a per-puzzle "
+                                   "embedding, as ARC's): use views=1, and the ARC evaluator's voting for ARC")
+    return side
+
+
+def dihedral_order(side: int, t: int) -> np.ndarray:
+    """[side²] int64: cell ``j`` of view ``t`` is cell ``order[j]`` of the puzzle (row-major), so that
+    ``x[:, order]`` is :func:`utils.data.common.dihedral` ``t`` of each grid and ``argsort(order)`` undoes it."""
+    return dihedral(np.arange(side * side).reshape(side, side), t).reshape(-1).copy()
+
+
+def vote(answers: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Per row, the answer most of ``answers`` (one per view, same keys and shapes) agree on exactly.
+
+    Identical ``preds`` pool their votes; the most votes win, ties go to the higher mean ``sigmoid(q_halt)`` of
+    the agreeing views, then to the earlier view (TRM ``evaluators/arc.py``'s ranking). The kept row is that of
+    the first view in the winning group.
+    """
+    preds = torch.stack([a["preds"] for a in answers])  # [V, B, S]
+    confidence = torch.sigmoid(torch.stack([a["q_halt_logits"] for a in answers]).float())  # [V, B]
+    same = (preds[:, None] == preds[None]).all(-1)  # [V, V, B]: view v agrees with view w on row b
+    votes = same.sum(1)
+    mean_confidence = (same * confidence[None]).sum(1) / votes
+    pick = (2 * votes + mean_confidence).argmax(0)  # votes first: a vote is worth more than any confidence in [0, 1]
+    rows = torch.arange(preds.shape[1], device=preds.device)
+    return {k: torch.stack([a[k] for a in answers])[pick, rows] for k in answers[0]}
+
+
+def _best_rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute) -> dict[str, torch.Tensor]:
+    """The rollouts of one view of the batch; each row keeps the rollout with the highest final ``q_halt``."""
     total = ttc.segments or head.model.config.halt_max_steps
     best = None
     for k in range(ttc.rollouts):
@@ -154,7 +228,7 @@ def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestT
     return kept
 
 
-TEST_TIME_FLAGS = ("segments", "early_exit", "min_segments", "rollouts", "noise")
+TEST_TIME_FLAGS = ("segments", "early_exit", "min_segments", "rollouts", "noise", "views")
 
 
 def add_test_time_arguments(parser) -> None:
@@ -174,6 +248,9 @@ def add_test_time_arguments(parser) -> None:
                         "plus noise) and keep the answer with the highest q_halt (default: 1)")
     g.add_argument("--noise", type=float, default=None,
                    help="std of the noise on the initial latent state of rollouts 2..K (default: 1.0 with K > 1)")
+    g.add_argument("--views", type=int, default=None, metavar="V",
+                   help="answer each puzzle in V dihedral views (rotations and reflections, 1..8; square grids "
+                        "such as Sudoku and mazes) and keep the answer most views agree on (default: 1)")
     g.add_argument("--rollout-seed", type=int, default=None,
                    help="seed of the rollouts' noise (default: the run's seed with its own settings, else 0)")
 
@@ -195,4 +272,5 @@ def test_time_compute(args, run_cfg=None, keep_segments: bool = False) -> TestTi
     rollouts = 1 if args.rollouts is None else args.rollouts
     noise = args.noise if args.noise is not None else (1.0 if rollouts > 1 else 0.0)
     return TestTimeCompute(args.segments, bool(args.early_exit), 1 if args.min_segments is None else args.min_segments,
-                           rollouts, noise, args.rollout_seed or 0, keep_segments).check()
+                           rollouts, noise, args.rollout_seed or 0, keep_segments,
+                           1 if args.views is None else args.views).check()
