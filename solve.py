@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     consistent = 0
     for i, (name, tokens) in enumerate(puzzles):
-        consistent += report(task, name, tokens, {k: v[i] for k, v in answer.items()}, out / f"{task}_{i + 1}")
+        mine = {k: v[i] for k, v in answer.items()}
+        consistent += report(task, name, tokens, mine, out / f"{task}_{i + 1}", ttc.views)
     print(f"{consistent} of {len(puzzles)} answer(s) consistent; pictures in {out}")
     return 0
 
@@ -118,14 +119,16 @@ def check_fits(trained: Trained, task: str, seq_len: int) -> None:
                                f"{trained.vocab_size}, not {task}s of {seq_len} cells: use a checkpoint trained on them")
 
 
-def report(task: str, name: str, tokens: np.ndarray, answer: dict, stem: Path) -> bool:
-    """Print one answer, whether it is consistent, its segments and halting confidence; draw it. True if consistent."""
+def report(task: str, name: str, tokens: np.ndarray, answer: dict, stem: Path, views: int = 1) -> bool:
+    """Print one answer, whether it is consistent, its segments, halting confidence and (of ``views`` > 1) how many
+    views agree with it; draw it. True if consistent."""
     pred = answer["preds"].numpy()
     problems = sudoku_problems(pred, tokens) if task == "sudoku" else maze_problems(pred, tokens)
     confidence = torch.sigmoid(answer["q_halt_logits"]).item()
     verdict = "consistent" if not problems else "NOT consistent: " + "; ".join(problems)
     print(f"\n{name}: {verdict}\n{(format_sudoku if task == 'sudoku' else format_maze)(pred)}")
-    print(f"segments used: {int(answer['segments'])}; halting confidence sigmoid(q_halt) = {confidence:.3f}")
+    agree = f"; {int(answer['votes'])} of {views} views gave this answer" if "votes" in answer else ""
+    print(f"segments used: {int(answer['segments'])}; halting confidence sigmoid(q_halt) = {confidence:.3f}{agree}")
     title = f"{task} · {name} · {'consistent' if not problems else 'not consistent'} · {int(answer['segments'])} segments"
     picture = render_example(task, tokens, pred, pred, title=title)
     save_picture(picture, stem.with_suffix(".png"))

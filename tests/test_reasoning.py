@@ -109,7 +109,7 @@ def test_views_answer_every_rotation_and_keep_the_answer_most_views_agree_on(hea
             count, total = pool.get(answers[t][row].tobytes(), (0, 0.0))
             pool[answers[t][row].tobytes()] = (count + 1, total + float(confidences[t][row]))
         best = max(pool, key=lambda key: (pool[key][0], pool[key][1] / pool[key][0]))
-        assert voted["preds"][row].numpy().tobytes() == best
+        assert voted["preds"][row].numpy().tobytes() == best and int(voted["votes"][row]) == pool[best][0]
         assert torch.equal(voted["logits"][row].argmax(-1), voted["preds"][row])  # logits mapped back with the answer
 
 
@@ -122,6 +122,7 @@ def test_vote_counts_identical_answers_before_confidence():
     kept = vote(views)
     assert kept["preds"].tolist() == [[3, 4], [5, 5]]  # two votes beat one confident view
     assert kept["q_halt_logits"].tolist() == [-2.0, -1.0] and kept["segments"].tolist() == [1, 2]  # the first agreeing view
+    assert kept["votes"].tolist() == [2, 2]
     tie = vote([answer([[1, 2], [5, 5]], [0.0, 0.0]), answer([[3, 4], [6, 6]], [1.0, -1.0])])
     assert tie["preds"].tolist() == [[3, 4], [5, 5]]  # one vote each: the higher confidence, then the earlier view
 

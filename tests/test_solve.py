@@ -2,6 +2,7 @@
 trained checkpoint with its picture and the GIF of its segments; bad input is one line naming the position."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -41,13 +42,16 @@ def test_a_sudoku_string_is_answered_checked_and_drawn(sudoku_run, tmp_path, cap
     assert Image.open(out / "sudoku_1.gif").n_frames == 3 and (out / "sudoku_1_strip.png").is_file()
 
 
-def test_a_file_of_sudokus_with_early_exit_and_rollouts(sudoku_run, tmp_path, capsys):
+def test_a_file_of_sudokus_with_early_exit_rollouts_and_views(sudoku_run, tmp_path, capsys):
     puzzles = tmp_path / "puzzles.csv"
     puzzles.write_text(f"source,question,answer,rating\nmine,{SUDOKU},,0\nmine,{SUDOKU.replace('5', '0', 1)},,0\n")
     out = tmp_path / "out"
     assert solve.main(["--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out", str(out), "--early-exit",
                        "--rollouts", "3"]) == 0
     assert "puzzles.csv row 3: " in capsys.readouterr().out and (out / "sudoku_2.gif").is_file()
+    assert solve.main(["--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out", str(tmp_path / "views"),
+                       "--views", "8"]) == 0
+    assert len(re.findall(r"; [1-8] of 8 views gave this answer", capsys.readouterr().out)) == 2
 
 
 def test_a_maze_text_grid_is_answered(tmp_path_factory, tmp_path, capsys):

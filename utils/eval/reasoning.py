@@ -124,7 +124,8 @@ def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTim
     Returns:
         ``logits`` [B, S, V], ``preds`` [B, S] int64, ``q_halt_logits`` [B] fp32 and ``segments`` [B] int32 of the
         kept answer; with ``keep_segments``, ``segment_preds`` [B, T, S] and ``segment_q_halt`` [B, T] of the kept
-        rollout (segments after a row stopped repeat its answer). With views, all in the puzzle's own orientation.
+        rollout (segments after a row stopped repeat its answer). With views, all in the puzzle's own orientation,
+        and ``votes`` [B] int64, the views that agree with the kept answer.
 
     Raises:
         TestTimeComputeError: ``views`` > 1 on a batch that is not a square grid or that has puzzle identifiers.
@@ -174,7 +175,7 @@ def vote(answers: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
 
     Identical ``preds`` pool their votes; the most votes win, ties go to the higher mean ``sigmoid(q_halt)`` of
     the agreeing views, then to the earlier view (TRM ``evaluators/arc.py``'s ranking). The kept row is that of
-    the first view in the winning group.
+    the first view in the winning group, with ``votes`` [B] int64: how many views gave that answer.
     """
     preds = torch.stack([a["preds"] for a in answers])  # [V, B, S]
     confidence = torch.sigmoid(torch.stack([a["q_halt_logits"] for a in answers]).float())  # [V, B]
@@ -183,7 +184,8 @@ def vote(answers: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     mean_confidence = (same * confidence[None]).sum(1) / votes
     pick = (2 * votes + mean_confidence).argmax(0)  # votes first: a vote is worth more than any confidence in [0, 1]
     rows = torch.arange(preds.shape[1], device=preds.device)
-    return {k: torch.stack([a[k] for a in answers])[pick, rows] for k in answers[0]}
+    kept = {k: torch.stack([a[k] for a in answers])[pick, rows] for k in answers[0]}
+    return kept | {"votes": votes[pick, rows]}
 
 
 def _best_rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute) -> dict[str, torch.Tensor]:
