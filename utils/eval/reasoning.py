@@ -26,6 +26,7 @@ every row reasoning by clearing ``halted`` after each call, so no second compile
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -95,7 +96,7 @@ class TestTimeCompute:
 
     @property
     def plain(self) -> bool:
-        """Whether this is the references' evaluation (all ``halt_max_steps`` segments, one rollout)."""
+        """Whether this is the references' evaluation (all ``halt_max_steps`` segments, one rollout, one view)."""
         return self.segments is None and not self.early_exit and self.rollouts == 1 and self.views == 1
 
 
@@ -154,7 +155,7 @@ def view_grid_side(seq_len: int, has_identifiers: bool = False) -> int:
         TestTimeComputeError: ``seq_len`` is not a square, or a puzzle has an identifier (a learned per-puzzle
             embedding, which a rotated copy of the puzzle would not match; ARC's case).
     """
-    side = int(round(seq_len ** 0.5))
+    side = math.isqrt(seq_len)
     if side * side != seq_len:
         raise TestTimeComputeError(f"views > 1 rotate a square grid, but the puzzles have {seq_len} cells; "
                                    "use views=1 for this dataset")
