@@ -126,7 +126,8 @@ def attention_backend(device: torch.device, dtype: torch.dtype) -> tuple[str, st
     else:
         why = f"flash_attn needs fp16/bf16, dtype is {dtype}"
     if sdpa_in_float32(device, dtype):
-        return "sdpa", f"torch scaled_dot_product_attention in float32 ({why}; its CPU kernel is ~3x slower in {dtype})"
+        return "sdpa", (f"torch scaled_dot_product_attention in float32 ({why}; its CPU kernel is ~3x slower in {dtype}), "
+                        f"by its definition up to {SHORT_SEQUENCE} positions")
     return "sdpa", f"torch scaled_dot_product_attention ({why})"
 
 
@@ -135,21 +136,36 @@ def sdpa_in_float32(device: torch.device, dtype: torch.dtype) -> bool:
 
     On a CPU, PyTorch's flash-attention kernel is about 3x slower in bf16 than in fp32 at the recipes'
     shapes (forward and backward, [64, 4, 100, 32]; ``python scripts/benchmark_attention.py``), and the
-    fp32 result rounded to bf16 is at least as close to a float64 computation. Same algorithm and kernel,
-    so only the rounding differs from the bf16 kernel.
+    fp32 result rounded to bf16 is at least as close to a float64 computation. Same function (the flash
+    kernel, or the definition for short sequences: :func:`sdpa`), so only the rounding differs from the bf16 kernel.
     """
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16)
+
+
+# Up to this many positions, attention by its definition on fp32 copies beats the CPU flash kernel on them
+# (forward + backward, eager and compiled; python scripts/benchmark_attention.py --shape B,H,S,D): at
+# [32, 4, 100, 32] (the maze quickstart) 7.6-8.5 ms against 12.0-12.8, forward alone 2.5 against 3.9; at
+# [64, 8, 81, 64] 42 against 50. From 196 positions on the flash kernel wins ([32, 4, 196, 32]: 26-29 against
+# 25 ms; [4, 8, 900, 64]: 318-339 against 179), and its memory does not grow with S².
+SHORT_SEQUENCE = 128
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
          enable_gqa: bool = False) -> torch.Tensor:
     """torch's ``scaled_dot_product_attention``, on fp32 copies where :func:`sdpa_in_float32`.
 
+    There, sequences of at most :data:`SHORT_SEQUENCE` positions (non-causal, as many k/v heads as q heads) are
+    attended by the definition, ``softmax(q k^T / sqrt(D)) v`` in fp32: the function SDPA computes (Vaswani et
+    al. 2017, eq. 1), without the flash kernel's blocking, which costs more than it saves at these lengths.
+
     Shapes: q ``[B, H, S, D]``, k and v ``[B, H_kv, S, D]`` -> ``[B, H, S, D]`` in ``q.dtype``.
     """
     dtype = q.dtype
     if sdpa_in_float32(q.device, dtype):
         q, k, v = q.float(), k.float(), v.float()
+        if q.shape[-2] <= SHORT_SEQUENCE and not causal and k.shape[1] == q.shape[1]:
+            scores = torch.matmul(q, k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+            return torch.matmul(torch.softmax(scores, dim=-1), v).to(dtype)
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=enable_gqa).to(dtype)
 
 

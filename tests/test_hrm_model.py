@@ -117,28 +117,44 @@ def test_attention_matches_manual_softmax_attention():
     torch.testing.assert_close(attn(x), attn.o_proj(manual))
 
 
-def test_bf16_attention_on_a_cpu_runs_sdpa_on_fp32_copies_and_is_as_close_to_float64(monkeypatch):
+@pytest.mark.parametrize("seq_len, kernel_calls", [(30, []), (layers.SHORT_SEQUENCE + 1, [torch.float32])])
+def test_bf16_attention_on_a_cpu_runs_in_fp32_and_is_as_close_to_float64(monkeypatch, seq_len, kernel_calls):
     torch.manual_seed(0)
     attn = Attention(hidden_size=64, head_dim=16, num_heads=4, num_key_value_heads=4)
-    x = torch.randn(4, 30, 64)
+    x = torch.randn(4, seq_len, 64)
     exact = attn.double()(x.double())
     attn.float()
     seen, torch_sdpa = [], layers.F.scaled_dot_product_attention
     monkeypatch.setattr(layers.F, "scaled_dot_product_attention",
                         lambda q, k, v, **kw: seen.append(q.dtype) or torch_sdpa(q, k, v, **kw))
     out = attn(x.to(torch.bfloat16))
-    assert out.dtype == torch.bfloat16 and seen == [torch.float32]
+    assert out.dtype == torch.bfloat16 and seen == kernel_calls  # short sequences: the definition, no SDPA kernel
     assert sdpa_in_float32(torch.device("cpu"), torch.bfloat16) and not sdpa_in_float32(torch.device("cpu"), torch.float32)
     assert not sdpa_in_float32(torch.device("cuda"), torch.bfloat16) and not sdpa_in_float32(torch.device("mps"), torch.float16)
-    # bf16 rounding of x, the weights and the projections bounds the error; fp32 inside SDPA adds nothing visible.
+    # bf16 rounding of x, the weights and the projections bounds the error; fp32 inside attention adds nothing visible.
     assert ((out.double() - exact).norm() / exact.norm()).item() < 1e-2
+
+
+def test_short_sequence_attention_by_its_definition_matches_the_sdpa_kernel_in_fp32():
+    torch.manual_seed(0)
+    low = [torch.randn(3, 4, 97, 16).to(torch.bfloat16).requires_grad_() for _ in range(3)]
+    grad = torch.randn(3, 4, 97, 16).to(torch.bfloat16)
+    exact = [t.detach().double().requires_grad_() for t in low]
+    expected = layers.F.scaled_dot_product_attention(*exact)
+    expected_grads = torch.autograd.grad(expected, exact, grad.double())
+    out = layers.sdpa(*low)
+    grads = torch.autograd.grad(out, low, grad)
+    assert out.dtype == torch.bfloat16 and all(g.dtype == torch.bfloat16 for g in grads)
+    # the same inputs in float64: what is left is the bf16 rounding of the results (2^-9 relative), not the kernel's
+    for got, want in zip((out, *grads), (expected, *expected_grads)):
+        assert ((got.double() - want).norm() / want.norm()).item() < 4e-3
 
 
 def test_attention_backend_choice(monkeypatch):
     monkeypatch.setattr(layers, "flash_attn_func", None)
     assert attention_backend(torch.device("cpu"), torch.bfloat16) == (
         "sdpa", "torch scaled_dot_product_attention in float32 (flash_attn not installed; its CPU kernel is ~3x slower "
-        "in torch.bfloat16)")
+        f"in torch.bfloat16), by its definition up to {layers.SHORT_SEQUENCE} positions")
     assert attention_backend(torch.device("cpu"), torch.float32)[1] == (
         "torch scaled_dot_product_attention (flash_attn not installed)")
     monkeypatch.setattr(layers, "flash_attn_func", lambda q, k, v, causal: q)
