@@ -144,8 +144,9 @@ def sdpa_in_float32(device: torch.device, dtype: torch.dtype) -> bool:
 
 # Up to this many positions, attention by its definition on fp32 copies beats the CPU flash kernel on them
 # (forward + backward, eager and compiled; python scripts/benchmark_attention.py --shape B,H,S,D): at
-# [32, 4, 100, 32] (the maze quickstart) 7.6-8.5 ms against 12.0-12.8, forward alone 2.5 against 3.9; at
-# [64, 8, 81, 64] 42 against 50. From 196 positions on the flash kernel wins ([32, 4, 196, 32]: 26-29 against
+# [32, 4, 100, 32] (the maze quickstart) 7.6-11.4 ms against 12.0-14.4 in three measurements, the forward alone
+# 2.5 against 3.9 eager (compiled, Inductor turns a forward without grad back into the kernel); at [64, 8, 81, 64]
+# 42 against 50. From 196 positions on the flash kernel wins ([32, 4, 196, 32]: 26-29 against
 # 25 ms; [4, 8, 900, 64]: 318-339 against 179), and its memory does not grow with S².
 SHORT_SEQUENCE = 128
 
