@@ -503,6 +503,10 @@ def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, sessio
              ", ".join(type(e).__name__ for e in data.evaluators) or "none", data.total_steps)
     log.info("run directory: %s (run %s)%s", run.path, run.run_id,
              f"; resumed from {session.resume_path} at step {state.step}" if session.resume_path else "")
+    if cfg.min_eval_interval >= data.total_iters:
+        log.warning("this run will not evaluate: its first evaluation would come after min_eval_interval=%d of its %d "
+                    "evaluation intervals (epochs / eval_interval); lower min_eval_interval or add epochs",
+                    cfg.min_eval_interval, data.total_iters)
     report_length(setup, data, state.step)
     setup.plan.save(run.path / "plan.yaml")
     OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")

@@ -323,6 +323,19 @@ def test_a_full_disk_while_writing_a_picture_exits_1_and_leaves_no_partial_file(
     assert safe_load(run / "step_8.pt")["step"] == 8
 
 
+def test_a_run_whose_first_evaluation_would_come_after_its_end_says_so_before_training(sudoku_dir, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    run = tmp_path / "run"
+    assert train(sudoku_dir, f"checkpoint_path={run}", "min_eval_interval=2") == 0  # 4 epochs, eval_interval 2
+    assert "this run will not evaluate: its first evaluation would come after min_eval_interval=2 of its 2" in caplog.text
+    assert caplog.text.index("will not evaluate") < caplog.text.index("estimated time to the end of the schedule")
+    assert not any("eval/exact_accuracy" in line for line in (run / "metrics.jsonl").read_text().splitlines())
+    caplog.clear()
+    assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'evaluated'}", "min_eval_interval=1") == 0
+    assert "will not evaluate" not in caplog.text
+    assert sum("eval/exact_accuracy" in line for line in (tmp_path / "evaluated" / "metrics.jsonl").read_text().splitlines()) == 1
+
+
 def test_a_failed_start_leaves_no_claim_and_the_corrected_command_runs(sudoku_dir, tmp_path, capsys):
     hrm = tmp_path / "hrm"
     assert train(sudoku_dir, f"checkpoint_path={hrm}", "epochs=2", "eval_interval=2") == 0
