@@ -503,13 +503,19 @@ def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, sessio
              ", ".join(type(e).__name__ for e in data.evaluators) or "none", data.total_steps)
     log.info("run directory: %s (run %s)%s", run.path, run.run_id,
              f"; resumed from {session.resume_path} at step {state.step}" if session.resume_path else "")
-    if cfg.min_eval_interval >= data.total_iters:
+    if not evaluates_after(data.total_iters - 1, cfg):
         log.warning("this run will not evaluate: its first evaluation would come after min_eval_interval=%d of its %d "
                     "evaluation intervals (epochs / eval_interval); lower min_eval_interval or add epochs",
                     cfg.min_eval_interval, data.total_iters)
     report_length(setup, data, state.step)
     setup.plan.save(run.path / "plan.yaml")
     OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
+
+
+def evaluates_after(iteration: int, cfg: PretrainConfig) -> bool:
+    """Whether the run evaluates at the end of evaluation interval ``iteration`` (0-based): from interval
+    ``min_eval_interval`` on, as the reference TRM's pretrain.py."""
+    return iteration >= cfg.min_eval_interval
 
 
 def report_length(setup: Setup, data: PuzzleData, step: int) -> None:
@@ -559,7 +565,7 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                         log_train_point(state, cfg, rank, metrics, bar)
                     if any_rank(stopper.requested, rank):
                         return stop_run(checkpointer, state, stopper, session, rank)
-                evaluated, improved = iteration >= cfg.min_eval_interval, False
+                evaluated, improved = evaluates_after(iteration, cfg), False
                 if evaluated:
                     results = evaluate(state, data, cfg, device, rank, session.path, metrics)
                     improved = state.best.update(results.get(data.headline), state.step, rank)
