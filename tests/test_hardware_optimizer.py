@@ -284,6 +284,28 @@ def test_compile_oom_is_not_hidden_by_the_fallback(monkeypatch):
     assert wrapped.compile_error is None
 
 
+class Stop(BaseException):
+    """Stands for utils.run.stop.StoppedAtOnce: an exception a signal handler raises, not an error."""
+
+
+def test_an_interrupt_that_the_compiler_wraps_is_raised_not_taken_for_a_compile_failure(monkeypatch):
+    monkeypatch.delenv("DISABLE_COMPILE", raising=False)
+
+    def interrupted_backend(graph_module, example_inputs):  # the signal lands in torch's code, which wraps it
+        try:
+            raise Stop("SIGTERM")
+        except Stop as stop:
+            raise RuntimeError("compilation failed") from stop
+
+    wrapped = ho.compile_model(Tiny(), mode=None, backend=interrupted_backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "torch.compile failed" warning
+        with pytest.raises(Stop, match="SIGTERM"):
+            wrapped(torch.randn(2, 4))
+    assert wrapped.compile_error is None
+    assert ho.wrapped_interrupt(RuntimeError("no interrupt in its chain")) is None
+
+
 def test_compile_decision_is_taken_once_by_the_device_policy(monkeypatch):
     cpu, mps, cuda = torch.device("cpu"), torch.device("mps"), torch.device("cuda")
     assert device_mod.compile_decision(cpu, False) == (False, "compile=false")

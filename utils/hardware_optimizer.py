@@ -338,7 +338,10 @@ class CompiledWithFallback(nn.Module):
     the ``torch.compile(...)`` call itself catches nothing. This wrapper catches the failure at the
     call. The model is registered as ``_orig_mod``, as in torch's own compiled wrapper, so state_dict
     keys match a ``torch.compile``d model; other attributes (e.g. HRM's ``initial_carry``) pass through.
-    Out-of-memory errors are re-raised, not retried eagerly.
+    Out-of-memory errors are re-raised, not retried eagerly, and so is an interrupt (KeyboardInterrupt, a
+    trainer's stop signal) that the compiler wrapped in its own error: a signal handler that raises during
+    compilation can land in torch's code, which reports it as a compiler failure (seen with SIGTERM in the first
+    step of a run), and falling back to eager there would hide the stop.
     """
 
     def __init__(self, model: nn.Module, mode: str | None = "default", backend: str | Callable = "inductor"):
@@ -355,6 +358,8 @@ class CompiledWithFallback(nn.Module):
             except Exception as exc:  # any compiler failure; a real bug re-raises from the eager call below
                 if is_oom_error(exc):
                     raise
+                if (interrupt := wrapped_interrupt(exc)) is not None:
+                    raise interrupt from None
                 self.compile_error = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())[:300] \
                     or type(exc).__name__
                 warnings.warn(f"torch.compile failed, running the model eagerly from now on: {self.compile_error}",
@@ -369,6 +374,18 @@ class CompiledWithFallback(nn.Module):
             if "_orig_mod" in modules:
                 return getattr(modules["_orig_mod"], name)
             raise
+
+
+def wrapped_interrupt(exc: BaseException) -> BaseException | None:
+    """The first exception in ``exc``'s chain (its ``__cause__`` and ``__context__`` links) that is not an
+    ``Exception``, such as KeyboardInterrupt or :class:`utils.run.stop.StoppedAtOnce`; None when there is none."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if not isinstance(exc, Exception):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def compile_model(model: nn.Module, mode: str | None = "default", backend: str | Callable = "inductor") -> nn.Module:
