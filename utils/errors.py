@@ -1,4 +1,4 @@
-"""The two kinds of error a run reports to its user as one line.
+"""The two kinds of error a run reports to its user as one line, and how to find an exception behind another.
 
 Every module raises a subclass of one of these; the shared main wrapper
 (:func:`utils.run.main.run_main`) catches them once and prints ``error: <message>``.
@@ -10,6 +10,22 @@ bury it.
 - :class:`RunFailure` (exit code 1): a run that started could not go on: a checkpoint
   write failed, or training diverged. What was saved before stays intact.
 """
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+def first_in_chain(error: BaseException | None, match: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first exception in ``error``'s chain (itself, then the exception each was raised from or while
+    handling: ``__cause__``, else ``__context__``) for which ``match`` is true; None when there is none."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if match(error):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class UserError(Exception):

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from utils.config import ConfigError
+from utils.errors import first_in_chain
 from utils.device import (DeviceError, bf16_support, compile_decision, configure_backends, cpu_bf16_features, cpu_name,
                           host_memory, select_device, select_dtype)
 
@@ -377,15 +378,9 @@ class CompiledWithFallback(nn.Module):
 
 
 def wrapped_interrupt(exc: BaseException) -> BaseException | None:
-    """The first exception in ``exc``'s chain (its ``__cause__`` and ``__context__`` links) that is not an
-    ``Exception``, such as KeyboardInterrupt or :class:`utils.run.stop.StoppedAtOnce`; None when there is none."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if not isinstance(exc, Exception):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    """The first exception in ``exc``'s chain that is not an ``Exception``, such as KeyboardInterrupt or
+    :class:`utils.run.stop.StoppedAtOnce`; None when there is none."""
+    return first_in_chain(exc, lambda e: not isinstance(e, Exception))
 
 
 def compile_model(model: nn.Module, mode: str | None = "default", backend: str | Callable = "inductor") -> nn.Module:

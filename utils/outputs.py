@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from utils.errors import RunFailure, UserError
+from utils.errors import RunFailure, UserError, first_in_chain
 
 
 class OutputPathError(UserError):
@@ -114,9 +114,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None],
 def _os_error(error: BaseException | None) -> OSError | None:
     """The OSError behind ``error``: itself, or one it was raised while handling (``torch.save`` turns a failed
     write into a RuntimeError); None when there is none."""
-    while error is not None and not isinstance(error, OSError):
-        error = error.__cause__ or error.__context__
-    return error
+    return first_in_chain(error, lambda e: isinstance(e, OSError))
 
 
 def _free_space(directory: Path) -> str:
