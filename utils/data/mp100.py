@@ -323,9 +323,25 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
     coco = _read_json(path)
     raw_categories, raw_images, raw_annotations = (check.entries(coco, k)
                                                    for k in ("categories", "images", "annotations"))
+    by_id = _read_categories(check, raw_categories)
+    images = _read_images(check, raw_images)
+    per_image, counts = _read_annotations(check, raw_annotations, by_id, images)
+    categories = {}
+    for cid, c in by_id.items():
+        n = _keypoint_count(check, c, counts.get(cid, {}))
+        categories[cid] = Category(cid, str(c["name"]), tuple(c["keypoints"]), n, *_skeleton(check, c, n))
+    instances, dropped, missing = _keep_instances(categories, images, per_image, image_root, missing_images)
+    if missing and missing_images == "error":
+        raise MP100FormatError(f"{len(missing)} image file(s) named in {path} are missing under {image_root}: "
+                               f"{_listed([str(p) for p in missing])}; download the MP-100 images into that folder "
+                               "(or load with missing_images='drop' to leave those instances out)")
+    return MP100Split(path, categories, instances, dropped, missing)
 
+
+def _read_categories(check: _Checker, raw: list[dict]) -> dict[int, dict]:
+    """The ``categories`` entries by id, each checked for its fields and its list of keypoint names."""
     by_id: dict[int, dict] = {}
-    for c in raw_categories:
+    for c in raw:
         check.require(c, ("id", "name", "keypoints", "skeleton"), "category")
         check.number(c, "id", "category", integer=True)
         if c["id"] in by_id:
@@ -333,9 +349,13 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
         if not isinstance(c["keypoints"], list) or not all(isinstance(k, str) for k in c["keypoints"]):
             raise check.fail(f"category {c['id']}", "has field 'keypoints' that is not a list of names")
         by_id[c["id"]] = c
+    return by_id
 
-    images: dict[int, dict] = {}  # insertion order = file order, the reference's getImgIds() order
-    for im in raw_images:
+
+def _read_images(check: _Checker, raw: list[dict]) -> dict[int, dict]:
+    """The ``images`` entries by id, in file order (the reference's ``getImgIds()`` order), each checked."""
+    images: dict[int, dict] = {}
+    for im in raw:
         check.require(im, ("id", "file_name", "width", "height"), "image")
         check.number(im, "id", "image", integer=True)
         for key in ("width", "height"):
@@ -345,11 +365,17 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
         if im["id"] in images:
             raise check.fail(f"image {im['id']}", "appears twice in 'images'")
         images[im["id"]] = im
+    return images
 
+
+def _read_annotations(check: _Checker, raw: list[dict], categories: dict[int, dict], images: dict[int, dict]
+                      ) -> tuple[dict[int, list[dict]], dict[int, dict[int, int]]]:
+    """The ``annotations`` entries checked and grouped by image id (file order within an image), and each
+    category's keypoint counts ``{category id: {annotation id: count}}`` for :func:`_keypoint_count`."""
     per_image: dict[int, list[dict]] = {}
-    counts: dict[int, dict[int, int]] = {}  # category id -> {annotation id: keypoint count}, in file order
+    counts: dict[int, dict[int, int]] = {}
     seen: set = set()
-    for a in raw_annotations:
+    for a in raw:
         check.require(a, ("id", "image_id", "category_id", "bbox", "keypoints"), "annotation")
         for key in ("id", "image_id", "category_id"):
             check.number(a, key, "annotation", integer=True)
@@ -357,7 +383,7 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
         if a["id"] in seen:
             raise check.fail(where, "appears twice in 'annotations'")
         seen.add(a["id"])
-        if a["category_id"] not in by_id:
+        if a["category_id"] not in categories:
             raise check.fail(where, f"has field 'category_id' = {a['category_id']!r}, not in 'categories'")
         if a["image_id"] not in images:
             raise check.fail(where, f"has field 'image_id' = {a['image_id']!r}, not in 'images'")
@@ -372,13 +398,15 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
                 check.number(a, key, "annotation")
         counts.setdefault(a["category_id"], {})[a["id"]] = len(kps) // 3
         per_image.setdefault(a["image_id"], []).append(a)
+    return per_image, counts
 
-    categories = {}
-    for cid, c in by_id.items():
-        names = tuple(c["keypoints"])
-        n = _keypoint_count(check, c, counts.get(cid, {}))
-        categories[cid] = Category(cid, str(c["name"]), names, n, *_skeleton(check, c, n))
 
+def _keep_instances(categories: dict[int, Category], images: dict[int, dict], per_image: dict[int, list[dict]],
+                    image_root: Path, missing_images: str
+                    ) -> tuple[dict[int, list[Instance]], dict[str, list[int]], list[Path]]:
+    """The instances the reference keeps, by category in image order; the dropped annotation ids by reason;
+    and the missing image files (listed unless ``missing_images`` is ``"drop"``, which drops their instances).
+    Each image file is looked up once, and only when one of its instances would be kept."""
     instances: dict[int, list[Instance]] = {cid: [] for cid in categories}
     dropped: dict[str, list[int]] = {r: [] for r in DROP_REASONS}
     missing: list[Path] = []
@@ -400,12 +428,7 @@ def load_split(path: str | Path, image_root: str | Path, missing_images: str = "
             instances[a["category_id"]].append(Instance(
                 a["id"], a["category_id"], image_path, clean_bbox(a["bbox"], im["width"], im["height"]),
                 kps[:, :2].copy(), kps[:, 2] > 0))
-
-    if missing and missing_images == "error":
-        raise MP100FormatError(f"{len(missing)} image file(s) named in {path} are missing under {image_root}: "
-                               f"{_listed([str(p) for p in missing])}; download the MP-100 images into that folder "
-                               "(or load with missing_images='drop' to leave those instances out)")
-    return MP100Split(path, categories, instances, dropped, missing)
+    return instances, dropped, missing
 
 
 def load_mp100(data_root: str | Path, split: int, missing_images: str = "error") -> dict[str, MP100Split]:
