@@ -353,6 +353,60 @@ def _add_ratings(directory: Path, summary: dict) -> None:
     path.write_text(json.dumps(metadata))
 
 
+def _rating_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | None, max_rating: int | None,
+                   min_difficulty: int | None, minimal: bool, generate: bool) -> int | None:
+    """``min_rating`` after folding in its deprecated name ``min_difficulty``; raises DatasetError for blank or
+    rating bounds out of range or out of order, and for ``minimal`` without ``generate``."""
+    if not 0 <= min_blanks <= MAX_BLANKS:
+        raise DatasetError(f"--min-blanks must be in [0, {MAX_BLANKS}] (a unique Sudoku needs 17 clues), got {min_blanks}")
+    if max_blanks is not None and not min_blanks <= max_blanks <= MAX_BLANKS:
+        raise DatasetError(f"--max-blanks must be in [--min-blanks={min_blanks}, {MAX_BLANKS}], got {max_blanks}")
+    if min_difficulty is not None:
+        if min_rating is not None and min_rating != min_difficulty:
+            raise DatasetError(f"--min-difficulty is the old name of --min-rating: give one, not both "
+                               f"({min_difficulty} and {min_rating})")
+        warnings.warn("--min-difficulty (min_difficulty) is deprecated: use --min-rating (min_rating)", FutureWarning,
+                      stacklevel=3)  # the caller of build_dataset
+        min_rating = min_difficulty
+    if min_rating is not None and min_rating < 0:
+        raise DatasetError(f"--min-rating must be >= 0, got {min_rating}")
+    if max_rating is not None and max_rating < (min_rating or 0):
+        raise DatasetError(f"--max-rating must be >= --min-rating={min_rating or 0}, got {max_rating}")
+    if minimal and not generate:
+        raise DatasetError("--minimal shapes generated puzzles: use it with --generate, not --source-dir")
+    return min_rating
+
+
+def _source_puzzles(source_dir, generate: bool, train_size: int, test_size: int, min_blanks: int,
+                    max_blanks: int | None, minimal: bool, min_rating: int | None, max_rating: int | None, seed: int,
+                    workers: int) -> tuple[np.ndarray, ...]:
+    """Training and test puzzles, generated or read from ``source_dir``'s CSVs: ``(train_q, train_a, train_r,
+    test_q, test_a, test_r, scale)``, questions and answers uint8 [N, 81], ratings int64 [N], and the name of
+    the rating scale for ``dataset.json``."""
+    if generate:
+        bounds = dict(minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
+        train_q, train_a, test_q, test_a = common.generate_train_test(
+            lambda count, stream, exclude, desc: generate_distinct(count, seed, stream, min_blanks, max_blanks, workers,
+                                                                   exclude, desc, **bounds),
+            train_size, test_size, workers, "puzzles")
+        scale = "solver guesses (utils/data/sudoku_rating.rate)"
+        train_r, test_r = (np.array([sudoku_rating.rate(q) for q in qs], np.int64) for qs in (train_q, test_q))
+    else:
+        source_dir = Path(source_dir)
+        train_q, train_a, train_r = read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating)
+        test_q, test_a, test_r = read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating)
+        scale = "rating column of the source CSV"
+    return train_q, train_a, train_r, test_q, test_a, test_r, scale
+
+
+def _print_ratings(summaries: dict[str, dict]) -> None:
+    """One line per split: the rating scale, min, median, max and histogram of :func:`rating_summary`."""
+    for split, summary in summaries.items():
+        bins = ", ".join(f"{name}: {count}" for name, count in summary["histogram"].items())
+        print(f"ratings {split}, {summary['scale']}: min {summary['min']}, median {summary['median']:g}, "
+              f"max {summary['max']}; histogram {bins}")
+
+
 def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLike | None = None, generate: bool = False,
                   train_size: int = 1000, test_size: int = 1000, min_blanks: int = 45, max_blanks: int | None = None,
                   minimal: bool = False, min_rating: int | None = None, max_rating: int | None = None,
@@ -391,39 +445,13 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     check_source_and_sizes(source_dir, generate, "Sudoku-Extreme train.csv/test.csv",
                            {"train_size": (train_size, 1), "test_size": (test_size, 1), "num_aug": (num_aug, 0),
                             "seed": (seed, 0), "workers": (workers, 1)}, subsample_size)
-    if not 0 <= min_blanks <= MAX_BLANKS:
-        raise DatasetError(f"--min-blanks must be in [0, {MAX_BLANKS}] (a unique Sudoku needs 17 clues), got {min_blanks}")
-    if max_blanks is not None and not min_blanks <= max_blanks <= MAX_BLANKS:
-        raise DatasetError(f"--max-blanks must be in [--min-blanks={min_blanks}, {MAX_BLANKS}], got {max_blanks}")
-    if min_difficulty is not None:
-        if min_rating is not None and min_rating != min_difficulty:
-            raise DatasetError(f"--min-difficulty is the old name of --min-rating: give one, not both "
-                               f"({min_difficulty} and {min_rating})")
-        warnings.warn("--min-difficulty (min_difficulty) is deprecated: use --min-rating (min_rating)", FutureWarning,
-                      stacklevel=2)
-        min_rating = min_difficulty
-    if min_rating is not None and min_rating < 0:
-        raise DatasetError(f"--min-rating must be >= 0, got {min_rating}")
-    if max_rating is not None and max_rating < (min_rating or 0):
-        raise DatasetError(f"--max-rating must be >= --min-rating={min_rating or 0}, got {max_rating}")
-    if minimal and not generate:
-        raise DatasetError("--minimal shapes generated puzzles: use it with --generate, not --source-dir")
+    min_rating = _rating_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate)
     check_output_dir(output_dir, overwrite)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    if generate:
-        bounds = dict(minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
-        train_q, train_a, test_q, test_a = common.generate_train_test(
-            lambda count, stream, exclude, desc: generate_distinct(count, seed, stream, min_blanks, max_blanks, workers,
-                                                                   exclude, desc, **bounds),
-            train_size, test_size, workers, "puzzles")
-        scale = "solver guesses (utils/data/sudoku_rating.rate)"
-        train_r, test_r = (np.array([sudoku_rating.rate(q) for q in qs], np.int64) for qs in (train_q, test_q))
-    else:
-        source_dir = Path(source_dir)
-        train_q, train_a, train_r = read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating)
-        test_q, test_a, test_r = read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating)
-        scale = "rating column of the source CSV"
+    train_q, train_a, train_r, test_q, test_a, test_r, scale = _source_puzzles(
+        source_dir, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
+        seed, workers)
     # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
     keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
                                         subsample_rng, "puzzles")
@@ -438,10 +466,7 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
     print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
-    for split, summary in summaries.items():
-        bins = ", ".join(f"{name}: {count}" for name, count in summary["histogram"].items())
-        print(f"ratings {split}, {summary['scale']}: min {summary['min']}, median {summary['median']:g}, "
-              f"max {summary['max']}; histogram {bins}")
+    _print_ratings(summaries)
     return output_dir
 
 
