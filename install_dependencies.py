@@ -882,7 +882,6 @@ def _torchvision_for_kept_torch(info: PlatformInfo, plan: Plan) -> list[str]:
 def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str],
               cuda_extras: bool = True) -> Plan:
     """Turn the platform and what is installed into the list of pip steps. Pure: runs nothing."""
-    pip = [info.python, "-m", "pip", "install"]
     command, note = pair_install(info, reqs)
     plan = Plan(steps=[], torch_command=command, torch_note=note, pins=[], satisfied=[], skipped={}, warnings=[],
                 errors=[])
@@ -890,38 +889,50 @@ def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str
         plan.warnings.append("this Python is x86_64 running under Rosetta, which hides the Apple GPU (MPS) and has "
                              "no torch wheels: install an arm64 Python (python.org universal2 or `arch -arm64 "
                              "brew install python`) and re-run with it")
-
     if info.nvidia_smi_error and info.kind == "cpu":
         plan.warnings.append(f"nvidia-smi is installed but failed ({info.nvidia_smi_error}), so this plan is for "
                              "the CPU; repair the NVIDIA driver (often a reboot after a driver update) and re-run")
+    torchvision = _plan_torch(info, reqs, plan)
+    _plan_base(info, reqs, installed, torchvision, plan)
+    _plan_extras(info, reqs, installed, cuda_extras, plan)
+    return plan
 
-    # torch: keep a working one; install the pinned pair only when there is none.
-    torchvision: list[str] = []
+
+def _plan_torch(info: PlatformInfo, reqs: RequirementSet, plan: Plan) -> list[str]:
+    """Keep a working torch (pinned, with warnings where it cannot serve this machine) or plan the pinned pair
+    when there is none; returns the torchvision requirement a kept torch still needs (``[]`` if none)."""
+    command, note = plan.torch_command, plan.torch_note
     if info.torch_error:
         plan.errors.append(f"torch is installed but `import torch` fails ({info.torch_error}); "
                            + (f"repair it with: {shlex.join(command + ['--force-reinstall'])}" if command else note))
-    elif info.torch_version is None:
+        return []
+    if info.torch_version is None:
         if info.rosetta:
             plan.errors.append("torch is not installed and cannot be under Rosetta: use an arm64 Python")
         elif command is None:
             plan.errors.append(note)
         else:
             plan.steps.append(Step("torch", "torch and torchvision", command))
-    else:
-        plan.pins.append(f"torch=={info.torch_version}")
-        torchvision = _torchvision_for_kept_torch(info, plan)
-        if satisfies(info.torch_version, reqs.torch.specs) is False:
-            plan.warnings.append(f"keeping the working torch {info.torch_version}, which differs from the pinned "
-                                 f"{reqs.torch.text} the project is tested with")
-        if info.kind == "cuda" and not info.torch_cuda:
-            plan.warnings.append(f"torch {info.torch_version} is a CPU build on an NVIDIA machine, so training "
-                                 "will run on the CPU: reinstall torch with the --index-url for your CUDA version "
-                                 "from https://pytorch.org/get-started/locally/")
-        elif info.kind == "cuda" and not info.torch_cuda_available:
-            plan.warnings.append(f"torch {info.torch_version} (CUDA {info.torch_cuda}) cannot reach the GPU: driver "
-                                 f"{info.driver_version} may be older than CUDA {info.torch_cuda} needs")
+        return []
+    plan.pins.append(f"torch=={info.torch_version}")
+    torchvision = _torchvision_for_kept_torch(info, plan)
+    if satisfies(info.torch_version, reqs.torch.specs) is False:
+        plan.warnings.append(f"keeping the working torch {info.torch_version}, which differs from the pinned "
+                             f"{reqs.torch.text} the project is tested with")
+    if info.kind == "cuda" and not info.torch_cuda:
+        plan.warnings.append(f"torch {info.torch_version} is a CPU build on an NVIDIA machine, so training "
+                             "will run on the CPU: reinstall torch with the --index-url for your CUDA version "
+                             "from https://pytorch.org/get-started/locally/")
+    elif info.kind == "cuda" and not info.torch_cuda_available:
+        plan.warnings.append(f"torch {info.torch_version} (CUDA {info.torch_cuda}) cannot reach the GPU: driver "
+                             f"{info.driver_version} may be older than CUDA {info.torch_cuda} needs")
+    return torchvision
 
-    # Base requirements that are not met (and a kept torch's torchvision), in one pip call under the torch pin.
+
+def _plan_base(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str], torchvision: list[str],
+               plan: Plan) -> None:
+    """The base requirements that are not met (and a kept torch's torchvision), in one pip call under the
+    torch pin."""
     missing = []
     for r in reqs.base:
         if satisfies(installed.get(r.name), r.specs):
@@ -929,11 +940,15 @@ def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str
         else:
             missing.append(r.text)
     if missing or torchvision:
-        plan.steps.append(Step("base", reqs.base_file, pip + torchvision[1:] + ["-c", CONSTRAINTS] + torchvision[:1]
-                               + missing))
+        plan.steps.append(Step("base", reqs.base_file, [info.python, "-m", "pip", "install"] + torchvision[1:]
+                               + ["-c", CONSTRAINTS] + torchvision[:1] + missing))
 
-    # Optional extras: each on its own pip call, so one failure cannot take the others down.
-    # --no-build-isolation: they import torch to build; an isolated build env has no (or another) torch.
+
+def _plan_extras(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str], cuda_extras: bool,
+                 plan: Plan) -> None:
+    """The optional extras, each on its own pip call so one failure cannot take the others down; the CUDA
+    ones only where their preflight passes, after the build tools they need."""
+    pip = [info.python, "-m", "pip", "install"]
     extras = []
     for r in reqs.cuda_extras:
         if not cuda_extras:
@@ -953,9 +968,9 @@ def make_plan(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str
     extras += [(r, {}, import_check(r.name)) for r in reqs.optional]
     for r, env, verify in extras:
         have = installed.get(r.name)
+        # --no-build-isolation: they import torch to build; an isolated build env has no (or another) torch.
         plan.steps.append(Step("extra", r.name, pip + ["--no-build-isolation", "-c", CONSTRAINTS, r.text], env,
                                verify, have if satisfies(have, r.specs) else None))
-    return plan
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1099,26 +1114,44 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
               "base": {"file": reqs.base_file, "installed": [], "satisfied": plan.satisfied},
               "extras": [], "skipped": dict(plan.skipped), "warnings": list(plan.warnings),
               "errors": list(plan.errors), "commands": []}
-    errors, log = report["errors"], report["commands"]
-    if errors:
+    if report["errors"]:
         return report
-    torch_step = next((s for s in plan.steps if s.kind == "torch"), None)
-    if torch_step:
-        print("Installing torch and torchvision" + (f": {plan.torch_note}" if plan.torch_note else ""))
-        rc, tail = run_pip(torch_step.argv, None, log)
-        info = replace(info, **probe_torch(info.python))
-        report["torch"]["action"] = "installed"
-        if rc != 0 or info.torch_version is None or info.torchvision_version is None:
-            why = _pip_error(tail) if rc else info.torch_error or info.torchvision_error or "torchvision is missing"
-            errors.append(f"torch and torchvision failed to install ({why}); command: {shlex.join(torch_step.argv)}")
+    if any(s.kind == "torch" for s in plan.steps):
+        info, plan = _install_torch(plan, info, reqs, cuda_extras, report)
+        if report["errors"]:
             return report
-        plan = make_plan(info, reqs, installed_versions(info.python), cuda_extras)  # extras need torch.version.cuda
-        report["skipped"], report["base"]["satisfied"] = dict(plan.skipped), plan.satisfied
-        report["warnings"] += [w for w in plan.warnings if w not in report["warnings"]]
-        errors += plan.errors
-        if errors:
-            return report
+    if not _run_steps(plan, info, report):
+        return report
+    _check_after(plan, info, reqs, report)
+    report["training"] = training_backends(report["extras"], report["skipped"])
+    report["ok"] = not report["errors"]
+    return report
 
+
+def _install_torch(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: bool,
+                   report: dict) -> tuple[PlatformInfo, Plan]:
+    """Install the pinned torch/torchvision pair, then plan the rest again (the CUDA extras' preflight needs
+    ``torch.version.cuda``); returns the platform and plan as they are now. A failure goes to ``report``."""
+    step = next(s for s in plan.steps if s.kind == "torch")
+    print("Installing torch and torchvision" + (f": {plan.torch_note}" if plan.torch_note else ""))
+    rc, tail = run_pip(step.argv, None, report["commands"])
+    info = replace(info, **probe_torch(info.python))
+    report["torch"]["action"] = "installed"
+    if rc != 0 or info.torch_version is None or info.torchvision_version is None:
+        why = _pip_error(tail) if rc else info.torch_error or info.torchvision_error or "torchvision is missing"
+        report["errors"].append(f"torch and torchvision failed to install ({why}); command: {shlex.join(step.argv)}")
+        return info, plan
+    plan = make_plan(info, reqs, installed_versions(info.python), cuda_extras)
+    report["skipped"], report["base"]["satisfied"] = dict(plan.skipped), plan.satisfied
+    report["warnings"] += [w for w in plan.warnings if w not in report["warnings"]]
+    report["errors"] += plan.errors
+    return info, plan
+
+
+def _run_steps(plan: Plan, info: PlatformInfo, report: dict) -> bool:
+    """The base, build-tools and extra steps under a constraints file of the plan's pins; False when the base
+    failed (the error is in ``report``), since nothing after it can work."""
+    errors, log = report["errors"], report["commands"]
     with tempfile.TemporaryDirectory(prefix="hrm-install-") as tmp:
         constraints = str(Path(tmp, "constraints.txt"))
         Path(constraints).write_text("".join(f"{pin}\n" for pin in plan.pins), encoding="utf-8")
@@ -1134,7 +1167,7 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
                         culprit = find_conflict(info.python, requested, plan.pins)
                         why += f"; conflict: {culprit}" if culprit else ""
                     errors.append(f"base requirements failed to install ({why}); command: {shlex.join(argv)}")
-                    return report
+                    return False
                 report["base"]["installed"] = requested
             elif step.kind == "build-tools":  # without them the extras fail, and say so; the base is fine
                 print("Installing build tools for the CUDA extras")
@@ -1147,7 +1180,13 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
                 result = ensure_extra(info.python, step, constraints, log)
                 print(f"  -> {result['status']}: {result['reason']}")
                 report["extras"].append(result)
+    return True
 
+
+def _check_after(plan: Plan, info: PlatformInfo, reqs: RequirementSet, report: dict) -> None:
+    """``pip check`` (only the project's packages' conflicts are errors), and, when anything was installed,
+    that torch is the version it was and torchvision imports; the torch fields of ``report`` as they are now."""
+    errors = report["errors"]
     out = _capture([info.python, "-m", "pip", "check"]) or (1, "", "pip not found")
     ours = {"torch", "torchvision"} | {r.name for r in reqs.base + reqs.cuda_extras + reqs.optional}
     mine, others = classify_pip_check(out[1] + out[2], ours)
@@ -1156,7 +1195,7 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
     errors += [f"pip check: {ln}" for ln in mine]
 
     now = {"torch_version": info.torch_version, "torchvision_version": info.torchvision_version}
-    if log:  # something was installed or removed: make sure torch survived it and torchvision imports
+    if report["commands"]:  # something was installed or removed: make sure torch survived it
         now = probe_torch(info.python)
         repair = shlex.join(plan.torch_command) if plan.torch_command else plan.torch_note
         if now["torch_version"] != info.torch_version:
@@ -1169,9 +1208,6 @@ def execute(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_extras: b
     report["platform"] = asdict(info)  # torch fields as they are now, after any install
     report["torch"] |= {"after": now["torch_version"], "cuda": info.torch_cuda}
     report["torchvision"]["after"] = now["torchvision_version"]
-    report["training"] = training_backends(report["extras"], report["skipped"])
-    report["ok"] = not errors
-    return report
 
 
 # --------------------------------------------------------------------------------------------------
