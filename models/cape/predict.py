@@ -18,6 +18,7 @@ A keypoint is predicted only when it is visible in every support (the model's ru
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -75,10 +76,7 @@ def read_support_poses(path: str | Path, num_images: int) -> SupportPoses:
             pair out of range, or no keypoint visible in every support.
     """
     path = Path(path)
-
-    def fail(where: str, problem: str) -> PoseInputError:
-        return PoseInputError(f"{path}: {where} {problem} (see python scripts/predict_pose.py --help for the format)")
-
+    fail = functools.partial(_format_error, path)
     if not path.is_file():
         raise PoseInputError(f"--support-keypoints {path} not found")
     try:
@@ -96,33 +94,54 @@ def read_support_poses(path: str | Path, num_images: int) -> SupportPoses:
                                  "give one entry per support image, in the same order")
     keypoints, visible, bboxes = [], [], []
     for s, entry in enumerate(entries):
-        where = f"supports[{s}]"
-        if not isinstance(entry, dict) or "keypoints" not in entry:
-            raise fail(where, 'is not an object with "keypoints"')
-        unknown = sorted(set(entry) - set(SUPPORT_FIELDS))
-        if unknown:
-            raise fail(where, f"has unknown field(s) {unknown}; the fields are {list(SUPPORT_FIELDS)}")
-        points = entry["keypoints"]
-        if not isinstance(points, list) or not points:
-            raise fail(f"{where}.keypoints", "is not a non-empty list of [x, y] points")
-        for j, p in enumerate(points):
-            if not (isinstance(p, list) and len(p) == 2 and all(map(_finite, p))):
-                raise fail(f"{where}.keypoints[{j}]", f"= {p!r} is not [x, y] with two finite numbers")
-        if keypoints and len(points) != len(keypoints[0]):
-            raise fail(f"{where}.keypoints", f"has {len(points)} points but supports[0] has {len(keypoints[0])}; "
-                                             "every support needs the same keypoints")
-        flags = entry.get("visible", [1] * len(points))
-        if not (isinstance(flags, list) and len(flags) == len(points)
-                and all(isinstance(v, bool) or _finite(v) for v in flags)):
-            raise fail(f"{where}.visible", f"is not a list of {len(points)} booleans or numbers (0 = not annotated)")
-        box = entry.get("bbox")
-        if box is not None and not (isinstance(box, list) and len(box) == 4 and all(map(_finite, box))
-                                    and box[2] > 0 and box[3] > 0):
-            raise fail(f"{where}.bbox", f"= {box!r} is not [x, y, w, h] with w, h > 0")
-        keypoints.append(np.array(points, np.float32))
-        visible.append(np.array([bool(v) and v > 0 for v in flags]))
-        bboxes.append(None if box is None else tuple(float(v) for v in box))
-    n = len(keypoints[0])
+        points, flags, box = _read_support(fail, f"supports[{s}]", entry, len(keypoints[0]) if keypoints else None)
+        keypoints.append(points)
+        visible.append(flags)
+        bboxes.append(box)
+    skeleton, names = _read_skeleton_and_names(fail, data, len(keypoints[0]))
+    poses = SupportPoses(keypoints, visible, bboxes, skeleton, names)
+    if not poses.predicted().any():
+        raise fail('"supports"', "have no keypoint visible in every support: there is nothing to predict")
+    return poses
+
+
+def _format_error(path: Path, where: str, problem: str) -> PoseInputError:
+    """The one-line error for ``problem`` at ``where`` (e.g. ``supports[1].keypoints[3]``) in ``path``."""
+    return PoseInputError(f"{path}: {where} {problem} (see python scripts/predict_pose.py --help for the format)")
+
+
+def _read_support(fail, where: str, entry, count: int | None
+                  ) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float, float] | None]:
+    """One ``supports`` entry checked: keypoints float32 [K, 2], visible bool [K] and the bbox (or None);
+    ``count`` is the keypoint count of the first support, which every other one must have."""
+    if not isinstance(entry, dict) or "keypoints" not in entry:
+        raise fail(where, 'is not an object with "keypoints"')
+    unknown = sorted(set(entry) - set(SUPPORT_FIELDS))
+    if unknown:
+        raise fail(where, f"has unknown field(s) {unknown}; the fields are {list(SUPPORT_FIELDS)}")
+    points = entry["keypoints"]
+    if not isinstance(points, list) or not points:
+        raise fail(f"{where}.keypoints", "is not a non-empty list of [x, y] points")
+    for j, p in enumerate(points):
+        if not (isinstance(p, list) and len(p) == 2 and all(map(_finite, p))):
+            raise fail(f"{where}.keypoints[{j}]", f"= {p!r} is not [x, y] with two finite numbers")
+    if count is not None and len(points) != count:
+        raise fail(f"{where}.keypoints", f"has {len(points)} points but supports[0] has {count}; "
+                                         "every support needs the same keypoints")
+    flags = entry.get("visible", [1] * len(points))
+    if not (isinstance(flags, list) and len(flags) == len(points)
+            and all(isinstance(v, bool) or _finite(v) for v in flags)):
+        raise fail(f"{where}.visible", f"is not a list of {len(points)} booleans or numbers (0 = not annotated)")
+    box = entry.get("bbox")
+    if box is not None and not (isinstance(box, list) and len(box) == 4 and all(map(_finite, box))
+                                and box[2] > 0 and box[3] > 0):
+        raise fail(f"{where}.bbox", f"= {box!r} is not [x, y, w, h] with w, h > 0")
+    return (np.array(points, np.float32), np.array([bool(v) and v > 0 for v in flags]),
+            None if box is None else tuple(float(v) for v in box))
+
+
+def _read_skeleton_and_names(fail, data: dict, n: int) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...] | None]:
+    """The file's ``skeleton`` (pairs of 0-based indices below ``n``; default none) and ``names`` (or None)."""
     skeleton = data.get("skeleton", [])
     if not isinstance(skeleton, list):
         raise fail('"skeleton"', "is not a list of [i, j] pairs")
@@ -133,11 +152,7 @@ def read_support_poses(path: str | Path, num_images: int) -> SupportPoses:
     names = data.get("names")
     if names is not None and not (isinstance(names, list) and len(names) == n and all(isinstance(x, str) for x in names)):
         raise fail('"names"', f"is not a list of {n} strings (one per keypoint)")
-    poses = SupportPoses(keypoints, visible, bboxes, tuple((i, j) for i, j in skeleton),
-                         None if names is None else tuple(names))
-    if not poses.predicted().any():
-        raise fail('"supports"', "have no keypoint visible in every support: there is nothing to predict")
-    return poses
+    return tuple((i, j) for i, j in skeleton), None if names is None else tuple(names)
 
 
 def image_size_of(path: str | Path, what: str) -> tuple[int, int]:
