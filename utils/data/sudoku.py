@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import os
 import warnings
@@ -228,6 +229,49 @@ def _check_chunk(path: Path, lines: list[int], q: np.ndarray, a: np.ndarray) -> 
             raise DatasetError(f"{path}:{lines[row]}: {message}; fix or drop that row")
 
 
+_DIGITS = np.full(256, 255, np.uint8)  # byte -> digit, 255 = not allowed
+_DIGITS[ord("0"):ord("9") + 1] = np.arange(10)
+_DIGITS[ord(".")] = 0
+
+
+def _csv_rows(reader, path: Path, min_rating: int | None, max_rating: int | None):
+    """Yield ``(line number, question + answer as 162 ASCII bytes, rating)`` for each row of ``reader`` rated in
+    [min_rating, max_rating] (None: unbounded), after the per-row checks (columns, lengths, an integer rating);
+    blank lines are skipped."""
+    low = -np.inf if min_rating is None else min_rating
+    high = np.inf if max_rating is None else max_rating
+    for row in tqdm(reader, desc=f"read {path.name}", unit="row"):
+        where = f"{path}:{reader.line_num}"
+        if not row:
+            continue
+        if len(row) != 4:
+            raise DatasetError(f"{where}: expected 4 columns ({','.join(CSV_HEADER)}), got {len(row)}")
+        _, q, a, rating = row
+        if len(q) != 81 or len(a) != 81:
+            raise DatasetError(f"{where}: question and answer must be 81 characters, got {len(q)} and {len(a)}")
+        try:
+            rating = int(rating)
+        except ValueError:
+            raise DatasetError(f"{where}: rating {rating!r} is not an integer") from None
+        if not low <= rating <= high:
+            continue
+        if not (q.isascii() and a.isascii()):
+            raise DatasetError(f"{where}: question/answer may only hold digits 1-9 and '.' for blanks")
+        yield reader.line_num, (q + a).encode(), rating
+
+
+def _decode_chunk(path: Path, lines: tuple[int, ...], text: tuple[bytes, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of :func:`_csv_rows` as questions and answers, uint8 [N, 81] digits (0 = blank), checked by
+    :func:`_check_chunk`; ``lines`` name the file's line of each row in errors."""
+    q, a = np.frombuffer(b"".join(text), np.uint8).reshape(len(lines), 2, 81).transpose(1, 0, 2)
+    q, a = _DIGITS[q], _DIGITS[a]
+    row = _first_bad_row(((q == 255) | (a == 255)).any(axis=1))
+    if row is not None:
+        raise DatasetError(f"{path}:{lines[row]}: question/answer may only hold digits 1-9 and '.' for blanks")
+    _check_chunk(path, lines, q, a)
+    return q, a
+
+
 def read_sudoku_csv(path: str | os.PathLike, min_rating: int | None = None, max_rating: int | None = None,
                     chunk_rows: int = 1 << 16) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Read a Sudoku-Extreme CSV (header ``source,question,answer,rating``).
@@ -246,56 +290,20 @@ def read_sudoku_csv(path: str | os.PathLike, min_rating: int | None = None, max_
     if not path.is_file():
         raise DatasetError(f"{path} not found: --source-dir must hold Sudoku-Extreme train.csv and test.csv "
                            "(Hugging Face dataset sapientinc/sudoku-extreme)")
-    digits = np.full(256, 255, np.uint8)  # byte -> digit, 255 = not allowed
-    digits[ord("0"):ord("9") + 1] = np.arange(10)
-    digits[ord(".")] = 0
     questions, answers, ratings = [], [], []
-    low = -np.inf if min_rating is None else min_rating
-    high = np.inf if max_rating is None else max_rating
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
             header = next(reader, None)
             if header != CSV_HEADER:
                 raise DatasetError(f"{path}:1: expected the header {','.join(CSV_HEADER)}, got {header}")
-            lines, text = [], []
-
-            def flush():
-                q, a = np.frombuffer(b"".join(text), np.uint8).reshape(len(lines), 2, 81).transpose(1, 0, 2)
-                q, a = digits[q], digits[a]
-                row = _first_bad_row(((q == 255) | (a == 255)).any(axis=1))
-                if row is not None:
-                    raise DatasetError(f"{path}:{lines[row]}: question/answer may only hold digits 1-9 and '.' for blanks")
-                _check_chunk(path, lines, q, a)
+            rows = _csv_rows(reader, path, min_rating, max_rating)
+            while chunk := list(itertools.islice(rows, chunk_rows)):
+                lines, text, rated = zip(*chunk)
+                q, a = _decode_chunk(path, lines, text)
                 questions.append(q)
                 answers.append(a)
-                lines.clear()
-                text.clear()
-
-            for row in tqdm(reader, desc=f"read {path.name}", unit="row"):
-                where = f"{path}:{reader.line_num}"
-                if not row:
-                    continue  # blank line
-                if len(row) != 4:
-                    raise DatasetError(f"{where}: expected 4 columns ({','.join(CSV_HEADER)}), got {len(row)}")
-                _, q, a, rating = row
-                if len(q) != 81 or len(a) != 81:
-                    raise DatasetError(f"{where}: question and answer must be 81 characters, got {len(q)} and {len(a)}")
-                try:
-                    rating = int(rating)
-                except ValueError:
-                    raise DatasetError(f"{where}: rating {rating!r} is not an integer") from None
-                if not low <= rating <= high:
-                    continue
-                if not (q.isascii() and a.isascii()):
-                    raise DatasetError(f"{where}: question/answer may only hold digits 1-9 and '.' for blanks")
-                lines.append(reader.line_num)
-                text.append((q + a).encode())
-                ratings.append(rating)
-                if len(lines) == chunk_rows:
-                    flush()
-            if lines:
-                flush()
+                ratings.extend(rated)
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path} is not UTF-8 text ({e.reason}); Sudoku-Extreme CSVs are ASCII: "
                            "re-save the file as UTF-8") from None
