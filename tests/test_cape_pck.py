@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from utils.eval.pck import (PCKAccumulator, PCKError, copy_support_baseline, crop_to_original, evaluation_mask,
+from utils.eval.pck import (PCKError, batch_pck, copy_support_baseline, crop_to_original, evaluation_mask,
                             keypoint_pck)
 
 
@@ -91,18 +91,14 @@ def test_evaluation_mask_needs_visibility_in_query_and_every_support():
     assert mask.tolist() == [[[True, False, False, False, False]]]
 
 
-def test_accumulator_averages_over_queries_and_counts_empty_ones_as_zero():
+def test_pck_is_per_query_and_a_query_with_nothing_counted_scores_zero():
     gt = torch.zeros(1, 3, 2, 2)
     pred = torch.tensor([[[[0.0, 0.0], [90.0, 0.0]],      # query A: 1 of 2 correct
                           [[1.0, 1.0], [2.0, 2.0]],       # query B: 2 of 2 correct
                           [[99.0, 0.0], [99.0, 0.0]]]])   # query C: nothing counted, scores 0
     mask = torch.tensor([[[True, True], [True, True], [False, False]]])
-    acc = PCKAccumulator(0.2)
-    acc.update(pred, gt, torch.full((1, 3), 100.0), mask)
-    assert acc.queries == 3
-    assert acc.value() == pytest.approx(100 * (0.5 + 1.0 + 0.0) / 3)  # mean of queries, not pooled keypoints
-    acc.update(pred[:, :1], gt[:, :1], torch.full((1, 1), 100.0), mask[:, :1])
-    assert acc.value() == pytest.approx(100 * 2.0 / 4)
+    pck = batch_pck(pred, gt, torch.full((1, 3), 100.0), mask, 0.2)
+    assert pck.shape == (1, 3) and pck.tolist() == [[0.5, 1.0, 0.0]]  # per query: the mean is over queries
 
 
 def test_pck_rejects_bad_shapes():

@@ -513,11 +513,6 @@ class EpisodeSampler:
         idx = rng.choice(len(self.split.instances[cid]), self.shots + self.queries, replace=False)
         return Episode(cid, tuple(int(i) for i in idx[:self.shots]), tuple(int(i) for i in idx[self.shots:]))
 
-    def fixed_episodes(self, episodes_per_category: int, seed: int) -> list[Episode]:
-        """A seeded episode set, ``episodes_per_category`` per category, the same on every call (not the protocol's)."""
-        return [self.sample(np.random.default_rng([seed, cid, e]), cid)
-                for cid in self.category_ids for e in range(episodes_per_category)]
-
 
 @dataclass(frozen=True)
 class Augmentation:

@@ -167,30 +167,6 @@ def batch_pck(pred: torch.Tensor, gt: torch.Tensor, bbox_size: torch.Tensor, mas
     return pck.reshape(tuple(pred.shape[:-2]))
 
 
-class PCKAccumulator:
-    """PCK over collated batches (the trainer's running validation); :meth:`value` is the mean over queries, in percent.
-
-    Same rule as :func:`keypoint_pck`, with the normaliser taken from the batch (``query_bbox_size``, float32);
-    for the exact protocol (float64 normaliser from the annotation file, per-query records) use
-    :class:`EpisodeEvaluator`.
-    """
-
-    def __init__(self, thr: float = PCK_THRESHOLD):
-        self.thr = thr
-        self.total = 0.0
-        self.queries = 0
-
-    def update(self, pred: torch.Tensor, gt: torch.Tensor, bbox_size: torch.Tensor, mask: torch.Tensor) -> None:
-        """Add a batch: ``pred``, ``gt`` [..., N, 2] original pixels, ``bbox_size`` [...], ``mask`` [..., N] bool."""
-        pck = batch_pck(pred, gt, bbox_size, mask, self.thr)
-        self.total += float(pck.sum())
-        self.queries += pck.size
-
-    def value(self) -> float:
-        """Mean per-query PCK in percent (NaN before any query)."""
-        return 100.0 * self.total / self.queries if self.queries else float("nan")
-
-
 class EpisodeEvaluator:
     """The protocol's PCK for one split, from predictions and episode identities; keeps a record per query.
 

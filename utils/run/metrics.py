@@ -31,8 +31,6 @@ from utils.outputs import write_atomically
 
 log = logging.getLogger(__name__)
 
-LOGGERS = ("tensorboard", "wandb")
-
 
 def _truncate_after(path: Path, step: int) -> int:
     """Drop the lines of a metrics.jsonl with ``"step" > step``; returns how many were dropped."""

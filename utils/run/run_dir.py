@@ -265,10 +265,6 @@ class RunDirectory:
         """This run's step checkpoints that still exist, oldest first."""
         return [self.path / name for name in self.manifest["checkpoints"] if (self.path / name).is_file()]
 
-    def newest_valid(self) -> tuple[Path, Any] | None:
-        """The newest checkpoint of this run that loads, with its contents; None if none does."""
-        return newest_loadable(reversed(self.checkpoints()))
-
     def abandon(self) -> None:
         """Undo a fresh run that failed before its first checkpoint: remove the run files it created (and the
         directory, when it created it and it is left empty), so the corrected command can start there."""
