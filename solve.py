@@ -16,7 +16,6 @@ augmented copy of each test input, and the published voting (utils/eval/arc.py) 
 import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
 
 import argparse
-import json
 import logging
 import math
 import sys

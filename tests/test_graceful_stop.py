@@ -24,8 +24,9 @@ def _signal_inside_a_weakref_callback(signum: int) -> None:
             pass
 
     obj = _Collectable()
-    ref = weakref.ref(obj, callback)  # noqa: F841 (kept alive until obj dies)
-    del obj
+    ref = weakref.ref(obj, callback)
+    del obj  # the callback runs here, while ref is alive
+    assert ref() is None
 
 
 def test_an_at_once_stop_dropped_in_a_weakref_callback_is_raised_again(monkeypatch):

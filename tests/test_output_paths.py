@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 
 import evaluate
 from utils.data import arc as arc_builder

@@ -3,7 +3,6 @@ from a synthetic MP-100 instance, predictions in original pixels equal to the ev
 every bad input as one error line with exit code 2."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

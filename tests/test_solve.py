@@ -3,7 +3,6 @@ trained checkpoint with its picture and the GIF of its segments; bad input is on
 
 import json
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
