@@ -809,6 +809,11 @@ def build_env(info: PlatformInfo) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in os.environ}
 
 
+def pip_install(info: PlatformInfo) -> list[str]:
+    """The start of a ``pip install`` command for the Python being set up."""
+    return [info.python, "-m", "pip", "install"]
+
+
 def pair_install(info: PlatformInfo, reqs: RequirementSet) -> tuple[list[str] | None, str]:
     """The one pip call that installs the pinned torch/torchvision pair on this platform, and a line saying where
     the builds come from; (None, what is missing and the command to run elsewhere) when no source is safe.
@@ -823,7 +828,7 @@ def pair_install(info: PlatformInfo, reqs: RequirementSet) -> tuple[list[str] | 
     macOS (MPS), Windows and Linux with an NVIDIA GPU take PyPI's default builds.
     """
     t, v = reqs.pair
-    pip = [info.python, "-m", "pip", "install"]
+    pip = pip_install(info)
     if not (info.system == "Linux" and info.kind != "cuda"):
         return pip + [f"torch=={t}", f"torchvision=={v}"], ""
     builds = cpu_pair(info, reqs)
@@ -869,7 +874,7 @@ def _torchvision_for_kept_torch(info: PlatformInfo, plan: Plan) -> list[str]:
         return [f"torchvision=={want}"]
     where, index = info.build_sources.get(f"torchvision=={want}"), label_index(want)
     if where is None:
-        command = [info.python, "-m", "pip", "install", f"torchvision=={want}", "--extra-index-url", str(index)]
+        command = pip_install(info) + [f"torchvision=={want}", "--extra-index-url", str(index)]
         plan.errors.append(f"torchvision {state}, and {want}, the build that matches torch {torch_version}, is "
                            + (f"offered neither by pip's configured sources nor by {index}: where that index is "
                               f"reachable, run `{shlex.join(command)}`" if index else
@@ -940,15 +945,15 @@ def _plan_base(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, st
         else:
             missing.append(r.text)
     if missing or torchvision:
-        plan.steps.append(Step("base", reqs.base_file, [info.python, "-m", "pip", "install"] + torchvision[1:]
-                               + ["-c", CONSTRAINTS] + torchvision[:1] + missing))
+        plan.steps.append(Step("base", reqs.base_file, pip_install(info) + torchvision[1:] + ["-c", CONSTRAINTS]
+                               + torchvision[:1] + missing))
 
 
 def _plan_extras(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str], cuda_extras: bool,
                  plan: Plan) -> None:
     """The optional extras, each on its own pip call so one failure cannot take the others down; the CUDA
     ones only where their preflight passes, after the build tools they need."""
-    pip = [info.python, "-m", "pip", "install"]
+    pip = pip_install(info)
     extras = []
     for r in reqs.cuda_extras:
         if not cuda_extras:
