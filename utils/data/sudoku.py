@@ -232,6 +232,7 @@ def _check_chunk(path: Path, lines: list[int], q: np.ndarray, a: np.ndarray) -> 
 _DIGITS = np.full(256, 255, np.uint8)  # byte -> digit, 255 = not allowed
 _DIGITS[ord("0"):ord("9") + 1] = np.arange(10)
 _DIGITS[ord(".")] = 0
+_NOT_DIGITS = "question/answer may only hold digits 1-9 and '.' for blanks"
 
 
 def _csv_rows(reader, path: Path, min_rating: int | None, max_rating: int | None):
@@ -256,7 +257,7 @@ def _csv_rows(reader, path: Path, min_rating: int | None, max_rating: int | None
         if not low <= rating <= high:
             continue
         if not (q.isascii() and a.isascii()):
-            raise DatasetError(f"{where}: question/answer may only hold digits 1-9 and '.' for blanks")
+            raise DatasetError(f"{where}: {_NOT_DIGITS}")
         yield reader.line_num, (q + a).encode(), rating
 
 
@@ -267,7 +268,7 @@ def _decode_chunk(path: Path, lines: tuple[int, ...], text: tuple[bytes, ...]) -
     q, a = _DIGITS[q], _DIGITS[a]
     row = _first_bad_row(((q == 255) | (a == 255)).any(axis=1))
     if row is not None:
-        raise DatasetError(f"{path}:{lines[row]}: question/answer may only hold digits 1-9 and '.' for blanks")
+        raise DatasetError(f"{path}:{lines[row]}: {_NOT_DIGITS}")
     _check_chunk(path, lines, q, a)
     return q, a
 
@@ -361,8 +362,8 @@ def _add_ratings(directory: Path, summary: dict) -> None:
     path.write_text(json.dumps(metadata))
 
 
-def _rating_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | None, max_rating: int | None,
-                   min_difficulty: int | None, minimal: bool, generate: bool) -> int | None:
+def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | None, max_rating: int | None,
+                  min_difficulty: int | None, minimal: bool, generate: bool) -> int | None:
     """``min_rating`` after folding in its deprecated name ``min_difficulty``; raises DatasetError for blank or
     rating bounds out of range or out of order, and for ``minimal`` without ``generate``."""
     if not 0 <= min_blanks <= MAX_BLANKS:
@@ -387,24 +388,22 @@ def _rating_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | No
 
 def _source_puzzles(source_dir, generate: bool, train_size: int, test_size: int, min_blanks: int,
                     max_blanks: int | None, minimal: bool, min_rating: int | None, max_rating: int | None, seed: int,
-                    workers: int) -> tuple[np.ndarray, ...]:
-    """Training and test puzzles, generated or read from ``source_dir``'s CSVs: ``(train_q, train_a, train_r,
-    test_q, test_a, test_r, scale)``, questions and answers uint8 [N, 81], ratings int64 [N], and the name of
-    the rating scale for ``dataset.json``."""
+                    workers: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
+                                           tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+    """Training and test puzzles, generated or read from ``source_dir``'s CSVs: ``(train, test, scale)``, each
+    split ``(questions, answers, ratings)`` (uint8 [N, 81], uint8 [N, 81], int64 [N]), and the name of the rating
+    scale for ``dataset.json``."""
     if generate:
         bounds = dict(minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
         train_q, train_a, test_q, test_a = common.generate_train_test(
             lambda count, stream, exclude, desc: generate_distinct(count, seed, stream, min_blanks, max_blanks, workers,
                                                                    exclude, desc, **bounds),
             train_size, test_size, workers, "puzzles")
-        scale = "solver guesses (utils/data/sudoku_rating.rate)"
         train_r, test_r = (np.array([sudoku_rating.rate(q) for q in qs], np.int64) for qs in (train_q, test_q))
-    else:
-        source_dir = Path(source_dir)
-        train_q, train_a, train_r = read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating)
-        test_q, test_a, test_r = read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating)
-        scale = "rating column of the source CSV"
-    return train_q, train_a, train_r, test_q, test_a, test_r, scale
+        return (train_q, train_a, train_r), (test_q, test_a, test_r), "solver guesses (utils/data/sudoku_rating.rate)"
+    source_dir = Path(source_dir)
+    return (read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating),
+            read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating), "rating column of the source CSV")
 
 
 def _print_ratings(summaries: dict[str, dict]) -> None:
@@ -453,11 +452,11 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     check_source_and_sizes(source_dir, generate, "Sudoku-Extreme train.csv/test.csv",
                            {"train_size": (train_size, 1), "test_size": (test_size, 1), "num_aug": (num_aug, 0),
                             "seed": (seed, 0), "workers": (workers, 1)}, subsample_size)
-    min_rating = _rating_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate)
+    min_rating = _check_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate)
     check_output_dir(output_dir, overwrite)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    train_q, train_a, train_r, test_q, test_a, test_r, scale = _source_puzzles(
+    (train_q, train_a, train_r), (test_q, test_a, test_r), scale = _source_puzzles(
         source_dir, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
         seed, workers)
     # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
