@@ -43,7 +43,7 @@ def test_an_at_once_stop_dropped_in_a_weakref_callback_is_raised_again(monkeypat
     assert raised.value.exit_code == 143 and stop.signal_name == "SIGTERM"
 
 
-def test_a_stop_that_was_not_dropped_is_not_repeated_after_the_block(monkeypatch):
+def test_a_stop_that_was_not_dropped_is_not_repeated_after_the_block():
     with GracefulStop() as stop:
         with pytest.raises(StoppedAtOnce):
             with stop.at_once():

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from utils.config import ConfigError
-from utils.errors import first_in_chain
 from utils.device import (DeviceError, bf16_support, compile_decision, configure_backends, cpu_bf16_features, cpu_name,
                           host_memory, select_device, select_dtype)
+from utils.errors import first_in_chain
 
 log = logging.getLogger(__name__)
 
