@@ -46,8 +46,9 @@ from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.eval.reasoning import TestTimeCompute, view_grid_side
 from utils.hardware_optimizer import HRM_CONFIGS, compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
+from utils.run import faults
 from utils.run.checkpointer import Best, Checkpointer
-from utils.run.estimate import LONG_RUN_HOURS, Estimate, duration, matmul_rate, step_flops
+from utils.run.estimate import LONG_RUN_HOURS, Estimate, StepPace, duration, matmul_rate, step_flops
 from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main
 from utils.run.metrics import MetricsWindow, MetricsWriter
@@ -354,7 +355,8 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
         evaluator.begin_eval()
     collector = OutputsCollector(tuple(cfg.eval_save_outputs)) if cfg.eval_save_outputs else None
     pictures = EvalPictures(data.task) if rank.is_main and data.task else None
-    consumers = [*data.evaluators, *(c for c in (collector, pictures) if c is not None)]
+    consumers = [*data.evaluators, *(c for c in (collector, pictures) if c is not None),
+                 *faults.first_batch_consumers("eval", state.step)]
     with state.ema.swapped() if state.ema is not None else contextlib.nullcontext():
         results = evaluate_puzzles(state.forward, state.head, data.test, device, rank, cfg.eval_max_examples,
                                    consumers=consumers, ttc=eval_compute(cfg))
@@ -492,8 +494,9 @@ def default_run_parent(cfg: PretrainConfig) -> Path:
     return Path("checkpoints") / (cfg.project_name or Path(cfg.data_path).name)
 
 
-def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, session: RunSession) -> None:
-    """The start-up report (rank 0): the plan, the sizes, the run directory; ``plan.yaml`` and ``all_config.yaml``."""
+def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, session: RunSession) -> float:
+    """The start-up report (rank 0): the plan, the sizes, the run directory, the length from FLOPs (returned, in
+    seconds); ``plan.yaml`` and ``all_config.yaml``."""
     cfg, run = setup.cfg, session.run
     setup.plan.log()
     n_params = sum(p.numel() for p in state.head.model.parameters())
@@ -507,9 +510,10 @@ def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, sessio
         log.warning("this run will not evaluate: its first evaluation would come after min_eval_interval=%d of its %d "
                     "evaluation intervals (epochs / eval_interval); lower min_eval_interval or add epochs",
                     cfg.min_eval_interval, data.total_iters)
-    report_length(setup, data, state.step)
+    seconds = report_length(setup, data, state.step)
     setup.plan.save(run.path / "plan.yaml")
     OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
+    return seconds
 
 
 def evaluates_after(iteration: int, cfg: PretrainConfig) -> bool:
@@ -518,25 +522,28 @@ def evaluates_after(iteration: int, cfg: PretrainConfig) -> bool:
     return iteration >= cfg.min_eval_interval
 
 
-def report_length(setup: Setup, data: PuzzleData, step: int) -> None:
-    """Say how long the rest of the schedule will take on this device (utils/run/estimate.py) and, when a CPU would
-    need more than a few hours, name the recipes made for a CPU (the ones ``python -m utils.hardware_optimizer``
-    recommends)."""
+def report_length(setup: Setup, data: PuzzleData, step: int) -> float:
+    """Say how long the rest of the schedule will take on this device from its FLOPs (utils/run/estimate.py; returned,
+    in seconds) and, when a CPU would need more than a few hours, name the recipes made for a CPU (the ones
+    ``python -m utils.hardware_optimizer`` recommends). The steps are timed once they run (:class:`StepPace`)."""
     metadata = data.train.metadata
     estimate = Estimate(step_flops(meta_model(setup, metadata), setup.local_batch_size, metadata.seq_len),
                         matmul_rate(setup.device, setup.dtype), data.total_steps - step)
     log.info("estimated time to the end of the schedule: %s (%d steps of %.3g TFLOP at half the %.3g TFLOP/s "
-             "measured for a GEMM on %s; evaluations not counted)", duration(estimate.seconds), estimate.steps,
-             estimate.flops_per_step / 1e12, estimate.matmul_rate / 1e12, setup.device)
+             "measured for a GEMM on %s; evaluations not counted; told again from the first timed steps)",
+             duration(estimate.seconds), estimate.steps, estimate.flops_per_step / 1e12, estimate.matmul_rate / 1e12,
+             setup.device)
     if setup.device.type == "cpu" and estimate.seconds > LONG_RUN_HOURS * 3600:
         log.warning("this recipe would take about %s on this CPU; the recipes made for a CPU: python pretrain.py "
                     "--config-name=%s (HRM) or --config-name=cfg_pretrain_trm_cpu (TRM)", duration(estimate.seconds),
                     HRM_CONFIGS["cpu"])
+    return estimate.seconds
 
 
 def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
     """The whole run; returns 0 when the schedule is done, ``stopper.exit_code`` when a signal stopped it."""
     clock = Clock()  # eval/elapsed_s counts from here: wall time as a user waits for it
+    faults.planned()  # a malformed RUN_SIGNAL_AT is refused before any work
     setup = resolve_setup(args, rank)
     cfg, device = setup.cfg, setup.device
     configure_backends(device, cudnn_benchmark=True, deterministic=cfg.deterministic)
@@ -546,9 +553,10 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
         checkpointer = Checkpointer(session.run, rank, cfg.keep_last_checkpoints, identity(setup),
                                     lambda: export(state, setup, data))
         if session.resume_path is not None:
-            checkpointer.restore(state, session.resume_path, device)
-        if rank.is_main:
-            report_start(setup, data, state, session)
+            checkpointer.restore(state, session.resume_path)
+        flop_seconds = report_start(setup, data, state, session) if rank.is_main else 0.0
+        pace = StepPace(state.step, data.total_steps, device, setup.compile, flop_seconds,
+                        log.info if rank.is_main else None)
         with MetricsWriter(session.path, enabled=rank.is_main, resume_step=state.step if session.continuing else None,
                            logger=cfg.logger, run_id=session.run and session.run.run_id, project=cfg.project_name,
                            config=setup.plan.settings) as metrics, \
@@ -556,11 +564,14 @@ def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
                      dynamic_ncols=True) as bar:
             state.head.train()
             first_step = state.step
+            pace.begin()
             for iteration in range(state.iterations_done.value, data.total_iters):
                 for batch in data.iteration(iteration, state, device):
                     with stopper.at_once(state.step == first_step):  # compiling: minutes, nothing to save
+                        faults.reach("train", state.step + 1)
                         state.window.add(train_step(state, batch, cfg, rank), cfg.global_batch_size)
                     bar.update(1)
+                    pace.step_done(state.step)
                     if state.window.due(state.step, data.total_steps):
                         log_train_point(state, cfg, rank, metrics, bar)
                     if any_rank(stopper.requested, rank):

@@ -42,6 +42,7 @@ from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, 
                             pck_field, protocol_episodes)
 from utils.hardware_optimizer import resolve_hardware_profile
 from utils.outputs import check_writable_file
+from utils.run import faults
 from utils.run.checkpoint import safe_load
 from utils.run.checkpointer import Best, Checkpointer
 from utils.run.guard import NonFiniteGuard
@@ -364,8 +365,10 @@ def apply_update(state: CapeTrainState) -> None:
 
 @torch.no_grad()
 def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, device: torch.device, args,
-             desc: str) -> tuple[EpisodeEvaluator, EpisodeEvaluator, tuple | None]:
-    """Score the model (last decoder layer) and the copy-support baseline with the papers' protocol.
+             desc: str, step: int | None = None) -> tuple[EpisodeEvaluator, EpisodeEvaluator, tuple | None]:
+    """Score the model (last decoder layer) and the copy-support baseline with the papers' protocol. ``desc``
+    names the split (``val``, ``test``), and with ``step`` (the training step) the point ``RUN_SIGNAL_AT`` can name
+    (utils/run/faults.py).
 
     Returns the two evaluators (``pck()`` is the split's number, a fraction) and the first batch with its
     predictions, for pictures.
@@ -383,6 +386,8 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
         baseline.update_batch(batch, crop_to_original(copy, to_orig, args.image_size))
         if first is None:
             first = (batch, pred)
+            if step is not None:
+                faults.reach(desc, step)
     model.train(was_training)
     return ours, baseline, first
 
@@ -394,7 +399,7 @@ def validate(state: CapeTrainState, split, loader, device, args, metrics: Metric
     epoch, and the picture ``val/poses`` of the first batch (category names, per-query PCK in percent)."""
     pck = None
     if rank.is_main:
-        ours, baseline, first = evaluate(state.model, split, loader, state.amp, device, args, "val")
+        ours, baseline, first = evaluate(state.model, split, loader, state.amp, device, args, "val", state.step)
         pck = 100 * ours.pck()
         metrics.log(state.step, {f"val/{pck_field()}": pck, f"val/copy_support_{pck_field()}": 100 * baseline.pck(),
                                  "val/elapsed_s": state.clock.elapsed_s(), "epoch": state.position.value["epoch"]})
@@ -421,7 +426,7 @@ def test(state: CapeTrainState, split, device, args, metrics: MetricsWriter, run
     if best.is_file():
         state.model.load_state_dict(safe_load(best, map_location=device)["model"])
     ours, baseline, _ = evaluate(state.model, split, eval_loader(split, "test", args, device), state.amp, device, args,
-                                 "test")
+                                 "test", state.step)
     metrics.log(state.step, {f"test/{pck_field()}": 100 * ours.pck(),
                              f"test/copy_support_{pck_field()}": 100 * baseline.pck()})
     ours.write_report(run_path / "pck_report.json")
@@ -580,6 +585,7 @@ def report_start(args, plan: Plan, data: CapeData, state: CapeTrainState, sessio
 def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
     """The whole run; returns 0 when the schedule (and the test) is done, ``stopper.exit_code`` when a signal stopped it."""
     clock = Clock()
+    faults.planned()  # a malformed RUN_SIGNAL_AT is refused before any work
     args, plan, device = resolve_settings(argv, rank)
     configure_backends(device, args.cudnn_benchmark, deterministic=args.cudnn_deterministic, warn_only=True)
     if args.eval_only:
@@ -591,7 +597,7 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
         checkpointer = Checkpointer(session.run, rank, args.keep_last_checkpoints, identity(args, state, plan),
                                     lambda: {"args": vars(args)})
         if session.resume_path is not None:
-            checkpointer.restore(state, session.resume_path, device)
+            checkpointer.restore(state, session.resume_path)
         if rank.is_main:
             report_start(args, plan, data, state, session, total_steps)
         val_loader = eval_loader(data.splits["val"], "val", args, device) if rank.is_main else None
@@ -602,6 +608,7 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
             state.model.train()
             while position["epoch"] < args.epochs:
                 for micro_batches in data.epoch(state, args, device, rank):
+                    faults.reach("train", state.step + 1)
                     state.window.add(train_step(state, micro_batches, device, args, rank), 1)
                     position["episode"] += args.batch_size
                     if state.window.due(state.step, total_steps):

@@ -220,8 +220,9 @@ def configure_backends(device: torch.device, cudnn_benchmark: bool = True, deter
     """
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS needs it
-        torch.use_deterministic_algorithms(True, warn_only=warn_only)
-        torch.backends.cudnn.deterministic = True
+    # Set both ways: a process that runs several trainings (a notebook, the tests) keeps no earlier run's choice.
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    torch.backends.cudnn.deterministic = deterministic
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
         torch.backends.cudnn.benchmark = cudnn_benchmark and not deterministic

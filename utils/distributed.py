@@ -24,11 +24,15 @@ class Dist:
 
     @property
     def uses_nccl(self) -> bool:
-        return self.world_size > 1 and dist.get_backend() == "nccl"
+        """Whether this job's CUDA tensors go through NCCL (every rank has a GPU: see :func:`init_distributed`)."""
+        return self.world_size > 1 and "nccl" in dist.get_backend()
 
 
 def init_distributed() -> Dist:
-    """Join the torchrun job if there is one: NCCL when every rank has a GPU, gloo otherwise.
+    """Join the torchrun job if there is one: NCCL for CUDA tensors when every rank has a GPU, gloo otherwise.
+
+    With GPUs the process group is ``cpu:gloo,cuda:nccl``: NCCL moves only CUDA tensors, and the small host
+    tensors the trainers agree on (a stop flag, metric sums) go through gloo. A plain ``nccl`` group fails on them.
 
     Collectives time out after ``HRM_DIST_TIMEOUT_MIN`` minutes (default 30; rank 0 alone evaluates CAPE
     while the others wait), so a crashed peer
@@ -37,8 +41,9 @@ def init_distributed() -> Dist:
     if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return Dist()
     local_rank = int(os.environ["LOCAL_RANK"])
-    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo"
-    if backend == "nccl":
+    gpu = torch.cuda.is_available() and torch.cuda.device_count() > local_rank
+    backend = "cpu:gloo,cuda:nccl" if gpu else "gloo"
+    if gpu:
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=int(os.environ.get("HRM_DIST_TIMEOUT_MIN", "30"))))
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank)

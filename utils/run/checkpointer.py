@@ -159,15 +159,19 @@ class Checkpointer:
 
     # ---- restoring ----
 
-    def restore(self, state: TrainState, path: Path, device: torch.device | str = "cpu") -> dict[str, Any]:
+    def restore(self, state: TrainState, path: Path) -> dict[str, Any]:
         """Load ``path`` into ``state`` (every rank reads the file) after checking it belongs to this kind of run.
         Returns the whole checkpoint.
+
+        The file is read into host memory and each part puts its values on its own device (the optimizers on their
+        parameters', the ACT carry on the run's): a checkpoint written on a GPU resumes anywhere, and the parts
+        that are host data (NumPy's RNG state) never see a GPU tensor.
 
         Raises:
             CheckpointError: unreadable or unsafe, written by the other trainer, for another architecture
                 (named first by importance: trainer, architecture, then missing parts), or lacking resume state.
         """
-        payload = safe_load(path, map_location=device)
+        payload = safe_load(path)
         if not isinstance(payload, dict):
             raise CheckpointError(f"{path} holds a {type(payload).__name__}, not a checkpoint of this project")
         trainer = self.identity["trainer"]

@@ -1,6 +1,6 @@
-"""How long a run will take on this device, told before its first optimizer step.
+"""How long a run will take on this device: told from FLOPs before its first optimizer step, then from timed steps.
 
-The estimate is ``total_steps * FLOPs per step / (half the measured matmul rate)``:
+Before the first step the estimate is ``total_steps * FLOPs per step / (half the measured matmul rate)``:
 
 - FLOPs per step: one training step (forward and backward of one ACT segment, and HRM's extra target pass) of the
   run's model at its local batch, traced on the ``meta`` device under ``torch.utils.flop_counter.FlopCounterMode``:
@@ -12,17 +12,25 @@ The estimate is ``total_steps * FLOPs per step / (half the measured matmul rate)
 Evaluations are not counted, and a step can reach more than half the GEMM rate (fp32 on an AVX2 CPU: about 63%),
 so the estimate is right within about a factor of two either way: 5 min for the TRM quickstart that took 5 min 16 s
 on an AVX512-BF16 CPU, and 40 min for the same run that took 31 min 36 s on an AVX2-only one.
+
+FLOPs do not bound every step: a small model at a small batch on a GPU waits on kernel launches and host work (the
+hard-Sudoku recipe's 0.5M-parameter model ran 73-79 steps/s on an H200, where its FLOPs allowed about 16 s for the
+whole schedule, and training took 206 s). So :class:`StepPace` times the steps after the first (which compiles,
+when compile is on, and is told apart) and tells the rest of the schedule at that pace.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 STEP_EFFICIENCY = 0.5  # share of the GEMM rate a training step reaches (see the module docstring)
+TIMED_MIN_S, TIMED_MIN_STEPS, TIMED_MAX_STEPS = 2.0, 5, 500  # StepPace's timed steps after the first
 LONG_RUN_HOURS = 4.0  # past this on a CPU or MPS, the run names the recipe that fits
 
 
@@ -51,18 +59,22 @@ def step_flops(meta_head, batch_size: int, seq_len: int) -> int:
     return counter.get_total_flops()
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA, MPS; nothing to wait for on a CPU)."""
+    {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(device.type, lambda: None)()
+
+
 def matmul_rate(device: torch.device, dtype: torch.dtype, size: int = 1024, seconds: float = 0.2) -> float:
     """FLOP/s of a ``size`` x ``size`` GEMM in ``dtype`` on ``device``, timed for about ``seconds``."""
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
-    sync = {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(device.type, lambda: None)
     torch.mm(a, b)
-    sync()
+    synchronize(device)
     runs, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         torch.mm(a, b)
         runs += 1
-        sync()
+        synchronize(device)
     return 2 * size**3 * runs / (time.perf_counter() - start)
 
 
@@ -75,3 +87,61 @@ def duration(seconds: float) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} hours"
     return f"{seconds / 86400:.0f} days"
+
+
+class StepPace:
+    """Times a run's steps and tells the rest of the schedule at the measured pace.
+
+    The first step of a process is timed alone (it compiles when compile is on: tens of seconds to minutes); then
+    each step after it, until they add up to :data:`TIMED_MIN_S` seconds over at least :data:`TIMED_MIN_STEPS`
+    steps (or :data:`TIMED_MAX_STEPS` steps), and the rest of the schedule is told at their median: a step that
+    waited for an evaluation or a checkpoint does not move it. Evaluations are not counted.
+
+    Args:
+        first_step: the step count before this process's first step (0, or the resumed step).
+        total_steps: the schedule's last step.
+        device: where the steps run (synchronized after each timed step).
+        compiles: whether the first step compiles the training step.
+        flop_seconds: the FLOP estimate of the rest of the schedule (:class:`Estimate`), for comparison.
+        report: where the lines go (a logger's ``info``); None times nothing (the other ranks of a torchrun job).
+    """
+
+    def __init__(self, first_step: int, total_steps: int, device: torch.device, compiles: bool, flop_seconds: float,
+                 report: Optional[Callable[..., None]]):
+        self.first_step, self.total_steps, self.device = first_step, total_steps, device
+        self.compiles, self.flop_seconds, self.report = compiles, flop_seconds, report
+        self._last: Optional[float] = None
+        self._seconds: list[float] = []
+        if compiles and report is not None:
+            report("compiling the training step: the first step builds its kernels (about a minute with an empty "
+                   "torch.compile cache; TORCHINDUCTOR_CACHE_DIR keeps them for the next run)")
+
+    def begin(self) -> None:
+        """Call before the first step."""
+        if self.report is not None:
+            synchronize(self.device)
+            self._last = time.perf_counter()
+
+    def step_done(self, step: int) -> None:
+        """Call after optimizer step ``step``."""
+        if self._last is None or step >= self.total_steps:
+            return
+        synchronize(self.device)
+        now = time.perf_counter()
+        took, self._last = now - self._last, now
+        if step == self.first_step + 1:
+            what = "compiling the training step and running it" if self.compiles else "the first step"
+            self.report("%s took %s", what, duration(took))
+            return
+        self._seconds.append(took)
+        n = len(self._seconds)
+        if n < TIMED_MAX_STEPS and (n < TIMED_MIN_STEPS or sum(self._seconds) < TIMED_MIN_S):
+            return
+        per_step, rest = statistics.median(self._seconds), self.total_steps - step
+        bound = "" if per_step * rest < 2 * self.flop_seconds else (
+            f"; the FLOP estimate said {duration(self.flop_seconds)}: here the steps wait on kernel launches and host "
+            "work, not on FLOPs")
+        self.report("measured: steps %d-%d took %.3g ms each (median; %.3g steps/s); the rest of the schedule (%d "
+                    "steps): about %s at this pace, evaluations not counted%s", step - n + 1, step, 1e3 * per_step,
+                    1 / per_step, rest, duration(per_step * rest), bound)
+        self._last = None

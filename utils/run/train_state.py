@@ -79,7 +79,8 @@ class RNGStates:
         py = state["python"]
         random.setstate((py["version"], tuple(py["state"].tolist()), py["gauss"]))
         n = state["numpy"]
-        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+        np.random.set_state((n["name"], n["keys"].cpu().numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["gauss"]))
         torch.set_rng_state(state["torch"].cpu())
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
