@@ -1,13 +1,42 @@
 """Shared fixtures (tiny generated Sudoku datasets in the reference on-disk format) and helpers for tests that
-drive a trainer in a subprocess."""
+drive a trainer in a subprocess.
 
-import subprocess
-import time
-from pathlib import Path
+Every test names the device it means. Those of CUDA's own behaviour are marked ``gpu`` and skipped, with the
+reason, where there is none; any other test that starts using CUDA fails (on a GPU machine, a run that names no
+device would go there). A test that stops a run stops it at a step it chooses with ``RUN_SIGNAL_AT``
+(utils/run/faults.py, :func:`signal_at`), never by racing the run's pace: a tiny model's step takes milliseconds on
+a GPU."""
+
+import os
 
 import pytest
+import torch
 
 from utils.data.sudoku import build_dataset
+
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``gpu`` where there is no NVIDIA GPU, saying so."""
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False here); the same code's "
+                                   "CPU path is tested without one")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _cuda_only_where_named(request):
+    """A test not marked ``gpu`` must not be the one that starts CUDA in this process."""
+    before = HAS_CUDA and torch.cuda.is_initialized()
+    yield
+    if HAS_CUDA and not before and request.node.get_closest_marker("gpu") is None:
+        assert not torch.cuda.is_initialized(), (f"{request.node.nodeid} used CUDA without naming it: pass device=cpu "
+                                                 "(or --device cpu), or mark it gpu")
 
 
 def make_sudoku(tmp_path_factory, train_size: int, test_size: int):
@@ -23,24 +52,12 @@ def sudoku_dir(tmp_path_factory):
     return make_sudoku(tmp_path_factory, 64, 16)
 
 
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    """Wait until ``path`` exists, failing with the process's output if it ends first or time runs out."""
-    deadline = time.time() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended before writing {path}:\n{proc.stdout.read()}")
-        if time.time() > deadline:
-            proc.kill()
-            raise AssertionError(f"timed out waiting for {path}")
-        time.sleep(0.02)
+def signal_at(point: str, step: int, signal_name: str, group: bool = False) -> dict[str, str]:
+    """Environment entries that make a run send itself ``signal_name`` at ``point`` of step ``step`` (to its whole
+    process group with ``group``: start such a run with ``start_new_session=True``)."""
+    return {"RUN_SIGNAL_AT": f"{point}:{step}:{signal_name}" + (":group" if group else "")}
 
 
-def wait_for_training(metrics: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
-    """Wait until ``metrics`` (a run's metrics.jsonl) holds a point: the run is past its first step, where a signal
-    stops it at once with nothing to save (utils/run/stop.py), and a stop now finishes a step and checkpoints."""
-    deadline = time.time() + timeout
-    while not (metrics.exists() and metrics.read_text()):
-        if proc.poll() is not None:
-            raise AssertionError(f"the run ended before logging to {metrics}:\n{proc.stdout.read() if proc.stdout else ''}")
-        assert time.time() < deadline, f"timed out waiting for a point in {metrics}"
-        time.sleep(0.05)
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a trainer subprocess: unbuffered output, one thread per process, and ``extra``."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)

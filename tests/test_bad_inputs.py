@@ -14,7 +14,8 @@ from utils.run.main import cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
-BASE = ["--config-name=cfg_pretrain_cpu", "compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
+BASE = ["--config-name=cfg_pretrain_cpu", "compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2",
+        "arch.H_layers=1",
         "arch.L_layers=1", "arch.halt_max_steps=2", "arch.expansion=2", "global_batch_size=16", "epochs=2",
         "eval_interval=2", "forward_dtype=float32"]
 
@@ -148,7 +149,8 @@ def test_evaluate_flag(trained_run, tmp_path, capsys, flags, fragment):
     paths = dict(missing=tmp_path / "missing", empty=tmp_path / "empty.pt", text=tmp_path / "text.pt", dir=tmp_path,
                  ckpt=trained_run / "step_8.pt", cut=tmp_path / "cut.pt")
     capsys.readouterr()
-    assert_one_line(capsys, exit_code(lambda: evaluate.main([f.format(**paths) for f in flags])), fragment)
+    assert_one_line(capsys, exit_code(lambda: evaluate.main(["--device", "cpu",
+                                                             *(f.format(**paths) for f in flags)])), fragment)
 
 
 @pytest.mark.parametrize("flags,fragment", [

@@ -36,6 +36,6 @@ def test_best_pt_holds_the_better_evaluation_and_evaluate_uses_it(sudoku_dir, tm
     assert pretrain.main(argv + ["resume=auto", "epochs=8"]) == 0  # resumes from step_24.pt, never from best.pt
     assert f"resumed from {run / 'step_24.pt'}" in caplog.text
     capsys.readouterr()
-    assert evaluate.main([str(run), "--json"]) == 0
+    assert evaluate.main(["--device", "cpu", str(run), "--json"]) == 0
     assert "the run's best checkpoint best.pt (exact_accuracy 0.5000 at step 8)" in caplog.text
     assert "exact_accuracy" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -433,8 +433,7 @@ def test_bf16_autocast_step_on_cpu(name):
     assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; test_bf16_autocast_step_on_cpu covers "
-                                                         "the same step under CPU bf16 autocast")
+@pytest.mark.gpu  # the same step under CPU bf16 autocast: test_bf16_autocast_step_on_cpu
 @pytest.mark.parametrize("name", ["capeformer", "pose_anything"])
 def test_cuda_amp_step(name):
     model, loss_fn = tiny_model(name)

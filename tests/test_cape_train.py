@@ -2,11 +2,9 @@
 lifecycle (stop, resume bitwise, torchrun), and --eval_only with the papers' protocol end to end."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ import torch
 
 import models.train_cape_episodic as trainer
 from models.cape import build_model
-from tests.conftest import wait_for
+from tests.conftest import child_env, signal_at
 from tests.test_cape_protocol import recompute_from_file, reference_episodes, write_protocol_fixture
 from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
 from utils.data.synthetic_cape import build
@@ -218,13 +216,12 @@ def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, data_root, tmp_pat
     assert calls == [(False, {"deterministic": True, "warn_only": True})]
 
 
-def spawn(data_root, out, *extra, epochs=2):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+def spawn(data_root, out, *extra, epochs=2, env=None):
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", str(epochs),
                           "--episodes_per_epoch", "4", "--no-use_amp", "--cudnn_deterministic",
                           "--keep_last_checkpoints", "0", *extra]
-    return subprocess.Popen([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=ROOT,
+                            env=child_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def assert_same_state(a: Path, b: Path) -> None:
@@ -242,24 +239,17 @@ def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(data_root, tmp_path
     straight = spawn(data_root, tmp_path / "straight")
     assert straight.wait(timeout=300) == 0, straight.stdout.read()
 
-    # SIGINT in the middle of epoch 2 (after step 5 of 8): a mid-epoch checkpoint, then a resume.
-    stopped = spawn(data_root, tmp_path / "stopped")
-    wait_for(tmp_path / "stopped" / "step_4.pt", stopped)
-    metrics = tmp_path / "stopped" / "metrics.jsonl"
-    while not any(json.loads(line)["step"] == 5 for line in metrics.read_text().splitlines()):
-        assert stopped.poll() is None
-        time.sleep(0.02)
-    stopped.send_signal(signal.SIGINT)
+    # SIGINT in the middle of epoch 2 (during step 6 of 8): a mid-epoch checkpoint, then a resume.
+    stopped = spawn(data_root, tmp_path / "stopped", env=signal_at("train", 6, "SIGINT"))
     out, _ = stopped.communicate(timeout=120)
     assert stopped.returncode == 128 + signal.SIGINT and "resume with:" in out, out
-    mid = [p for p in (tmp_path / "stopped").glob("step_*.pt") if p.name not in ("step_4.pt", "step_8.pt")]
-    assert len(mid) == 1 and 4 < safe_load(mid[0])["step"] < 8 and safe_load(mid[0])["position"]["episode"] > 0
+    assert sorted(p.name for p in (tmp_path / "stopped").glob("step_*.pt")) == ["step_4.pt", "step_6.pt"]
+    assert safe_load(tmp_path / "stopped" / "step_6.pt")["position"]["episode"] > 0
 
-    # kill -9 after the end of epoch 1: the resume replays epoch 2 from the last checkpoint.
-    killed = spawn(data_root, tmp_path / "killed")
-    wait_for(tmp_path / "killed" / "step_4.pt", killed)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
+    # kill -9 in epoch 2: the resume replays it from the checkpoint of epoch 1.
+    killed = spawn(data_root, tmp_path / "killed", env=signal_at("train", 7, "SIGKILL"))
+    assert killed.wait(timeout=300) == -signal.SIGKILL
+    assert [p.name for p in (tmp_path / "killed").glob("step_*.pt")] == ["step_4.pt"]
 
     for run in ("stopped", "killed"):
         resumed = spawn(data_root, tmp_path / run, "--resume", "auto")
@@ -286,7 +276,7 @@ import models.train_cape_episodic as trainer
 real, scores = trainer.evaluate, iter([0.5, 0.4, 0.6])  # improves, does not, improves
 def evaluate(*args, **kwargs):
     ours, baseline, first = real(*args, **kwargs)
-    if args[-1] == "val":
+    if "val" in args:
         score = next(scores)
         ours.pck = lambda: score
     return ours, baseline, first
@@ -295,12 +285,13 @@ sys.exit(trainer.main(sys.argv[1:]))
 """
 
 
-def torchrun(script, data_root, out, *extra):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HRM_DIST_TIMEOUT_MIN="2")
+def torchrun(script, data_root, out, *extra, env=None):
+    env = child_env(HRM_DIST_TIMEOUT_MIN="2", **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", "localhost:0", *script, *TINY_FLAGS, "--data_root", str(data_root),
            "--output_dir", str(out), "--episodes_per_epoch", "4", "--batch_size", "2", *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 @pytest.mark.slow
@@ -319,13 +310,12 @@ def test_two_processes_agree_when_validation_improves_when_it_does_not_and_on_a_
     assert [m["val/PCK@0.2_percent"] for m in metrics if "val/PCK@0.2_percent" in m] == [50.0, 40.0, 60.0]
     assert safe_load(tmp_path / "run" / "best.pt")["step"] == 6 and "test/PCK@0.2_percent" in metrics[-1]
 
-    stopped = torchrun(["-m", "models.train_cape_episodic"], data_root, tmp_path / "stopped", "--epochs", "50")
-    wait_for(tmp_path / "stopped" / "step_2.pt", stopped, timeout=300)
-    stopped.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
+    # A scheduler's SIGTERM to the job's process group (torchrun and both workers) during step 3.
+    stopped = torchrun(["-m", "models.train_cape_episodic"], data_root, tmp_path / "stopped", "--epochs", "50",
+                       env=signal_at("train", 3, "SIGTERM", group=True))
     out, _ = stopped.communicate(timeout=300)
     assert "resume with:" in out, out
-    saved = safe_load(sorted((tmp_path / "stopped").glob("step_*.pt"), key=lambda p: int(p.stem[5:]))[-1])
-    assert 2 <= saved["step"] < 100
+    assert sorted(p.name for p in (tmp_path / "stopped").glob("step_*.pt")) == ["step_2.pt", "step_3.pt"], out
 
 
 # ---- evaluation only --------------------------------------------------------------------------------------

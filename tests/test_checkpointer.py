@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import pretrain
-from tests.conftest import wait_for
+from tests.conftest import child_env, signal_at
 from tests.test_resume import TINY, assert_same_training_state
 from utils.run.checkpoint import safe_load
 from utils.run.run_dir import RunDirError, RunLock
@@ -141,9 +141,10 @@ def test_metrics_after_a_stop_and_resume_equal_the_uninterrupted_runs(sudoku_dir
 def test_a_run_directory_is_used_by_one_process_and_a_killed_holder_does_not_block(sudoku_dir, tmp_path, capsys):
     run = tmp_path / "run"
     first = subprocess.Popen([sys.executable, "pretrain.py", *argv(sudoku_dir, run, "epochs=400", "eval_interval=200")],
-                             cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL,
+                             cwd=ROOT, env=child_env(**signal_at("train", 3, "SIGSTOP")), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
-    wait_for(run / "metrics.jsonl", first)
+    _, status = os.waitpid(first.pid, os.WUNTRACED)  # returns once it has stopped itself in step 3, holding the run
+    assert os.WIFSTOPPED(status), status
     record = (run / "run.json").read_bytes() if (run / "run.json").exists() else None
     assert pretrain.main(argv(sudoku_dir, run, "epochs=400", "eval_interval=200", "resume=auto")) == 2
     err = capsys.readouterr().err

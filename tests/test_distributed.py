@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -11,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import make_sudoku, wait_for_training
+from tests.conftest import child_env, make_sudoku, signal_at
 from utils.run.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=3",
+TINY = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
+        "arch.L_layers=1", "arch.halt_max_steps=3",
         "arch.expansion=2", "arch.halt_exploration_prob=0.0", "global_batch_size=32", "epochs=4", "eval_interval=2",
         "log_interval=2", "lr_warmup_steps=2", "forward_dtype=float32", "deterministic=true"]
 
@@ -97,19 +97,17 @@ def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, tmp_path):
     straight = torchrun("pretrain.py", *common, f"checkpoint_path={tmp_path / 'straight'}")
     assert straight.returncode == 0, straight.stderr
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HRM_DIST_TIMEOUT_MIN="1")
+    # A scheduler's SIGTERM to the job's process group (torchrun and both workers) during step 5.
+    env = child_env(HRM_DIST_TIMEOUT_MIN="1", **signal_at("train", 5, "SIGTERM", group=True))
     stopped_dir = tmp_path / "stopped"
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend",
                              "c10d", "--rdzv-endpoint", "localhost:0", "pretrain.py", *common,
                              f"checkpoint_path={stopped_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    wait_for_training(stopped_dir / "metrics.jsonl", proc)
-    proc.send_signal(signal.SIGTERM)  # torchrun forwards it to both workers
-    out, _ = proc.communicate(timeout=120)
-    ckpts = sorted(stopped_dir.glob("step_*.pt"))
-    assert len(ckpts) == 1, out
-    saved = safe_load(ckpts[0])
-    assert 0 < saved["step"] < 80 and len(saved["ranks"]) == 2
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    out, _ = proc.communicate(timeout=300)
+    assert [p.name for p in stopped_dir.glob("step_*.pt")] == ["step_5.pt"], out
+    saved = safe_load(stopped_dir / "step_5.pt")
+    assert len(saved["ranks"]) == 2
     assert not torch.equal(saved["ranks"][0]["carry"]["current_data"]["inputs"],
                            saved["ranks"][1]["carry"]["current_data"]["inputs"])  # each rank's own rows
 
@@ -118,3 +116,25 @@ def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, tmp_path):
     a, b = safe_load(tmp_path / "straight" / "step_80.pt"), safe_load(stopped_dir / "step_80.pt")
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), f"weights differ at {key}"
+
+
+def test_with_gpus_the_group_sends_cuda_tensors_through_nccl_and_host_tensors_through_gloo(monkeypatch):
+    """A GPU machine simulated on the CPU: a plain "nccl" group would fail on the host tensors the trainers agree on
+    (the stop flag of any_rank, metric sums), so CUDA tensors take NCCL and host tensors gloo."""
+    from utils import distributed
+
+    joined = {}
+    monkeypatch.setattr(distributed.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(distributed.torch.cuda, "set_device", lambda index: joined.setdefault("device", index))
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend, timeout: joined.update(backend=backend))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(distributed.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(distributed.dist, "get_backend", lambda: joined["backend"])
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rank = distributed.init_distributed()
+    assert joined == {"device": 1, "backend": "cpu:gloo,cuda:nccl"} and rank.uses_nccl and rank.rank == 1
+    monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 1)  # this rank has no GPU of its own
+    joined.clear()
+    assert not distributed.init_distributed().uses_nccl and joined == {"backend": "gloo"}

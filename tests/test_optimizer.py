@@ -320,8 +320,7 @@ def test_load_state_dict_normalises_step(step):
     assert resumed.state[twins[0]]["step"].item() == 6
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; the CPU side of step handling is "
-                                                           "covered by test_load_state_dict_normalises_step")
+@pytest.mark.gpu  # the CPU side of step handling: test_load_state_dict_normalises_step
 def test_cpu_saved_state_loads_onto_cuda_params():
     params, opt, gen = _trained()
     buf = io.BytesIO()

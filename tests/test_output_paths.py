@@ -137,7 +137,7 @@ def test_evaluate_checks_output_paths_before_loading_the_checkpoint(flags, messa
 
 def test_evaluate_checks_the_default_save_outputs_dir_and_the_outputs_mode(tmp_path, capsys):
     # --save-outputs without DIR writes next to the checkpoint: eval_<checkpoint name>.
-    assert evaluate.main(["--checkpoint", "/proc/x/step_8.pt", "--save-outputs"]) == 2
+    assert evaluate.main(["--device", "cpu", "--checkpoint", "/proc/x/step_8.pt", "--save-outputs"]) == 2
     assert "--save-outputs /proc/x/eval_step_8 cannot be created" in one_error_line(capsys.readouterr().err)
     # Scoring saved outputs: the report path is checked before the outputs files are read.
     argv = ["--outputs", str(tmp_path / "missing.0"), "--data-path", str(tmp_path), "--report", "/proc/x/r.json"]

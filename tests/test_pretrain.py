@@ -13,7 +13,8 @@ import pretrain
 from utils.distributed import Dist
 from utils.run.checkpoint import safe_load
 
-TINY_ARCH = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=2",
+TINY_ARCH = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
+             "arch.L_layers=1", "arch.halt_max_steps=2",
              "arch.expansion=2"]
 
 
@@ -46,7 +47,8 @@ def test_end_to_end_run_writes_metrics_and_reference_format_checkpoints(sudoku_d
 
     # evaluate.py reproduces the last eval from the checkpoint alone.
     capsys.readouterr()
-    assert evaluate.main(["--checkpoint", str(run_dir / "step_16.pt"), "--forward-dtype", "float32", "--json"]) == 0
+    assert evaluate.main(["--device", "cpu", "--checkpoint", str(run_dir / "step_16.pt"), "--forward-dtype",
+                          "float32", "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("accuracy", "exact_accuracy", "blank_accuracy"):
         assert metrics[key] == pytest.approx(evals[-1][f"eval/{key}"], abs=1e-6)
@@ -65,7 +67,8 @@ def test_evaluate_loads_a_reference_checkpoint_with_all_config_yaml(sudoku_dir, 
     config["some_reference_only_key"] = 1
     OmegaConf.save(config, ref_dir / "all_config.yaml")
     capsys.readouterr()
-    assert evaluate.main(["--checkpoint", str(ref_dir / "checkpoint"), "--forward-dtype", "float32", "--json"]) == 0
+    assert evaluate.main(["--device", "cpu", "--checkpoint", str(ref_dir / "checkpoint"), "--forward-dtype",
+                          "float32", "--json"]) == 0
     assert "exact_accuracy" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -87,7 +90,8 @@ def test_missing_dataset_without_builder_says_how_to_build_one(tmp_path, capsys)
 
 def test_a_mistyped_data_path_is_an_error_not_a_new_dataset(tmp_path, capsys):
     typo = tmp_path / "sudoku-gen-easy-1k-aug-10O"
-    assert pretrain.main(["--config-name=cfg_pretrain_cpu", f"data_path={typo}", f"checkpoint_path={tmp_path / 'run'}"]) == 2
+    assert pretrain.main(["--config-name=cfg_pretrain_cpu", "device=cpu", f"data_path={typo}",
+                          f"checkpoint_path={tmp_path / 'run'}"]) == 2
     assert "add build_data=true" in capsys.readouterr().err
     assert not typo.exists() and not (tmp_path / "run").exists()
 

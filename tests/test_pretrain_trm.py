@@ -3,11 +3,9 @@ several datasets, and ARC runs scored by the voting evaluator with saved outputs
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,14 +16,15 @@ import evaluate
 import pretrain
 from models import build_model, validate_arch
 from models.checkpoints import reference_state_dict, strip_reference_prefix
-from tests.conftest import make_sudoku
+from tests.conftest import child_env, make_sudoku, signal_at
 from utils.data.arc import build_arc_dataset
 from utils.data.puzzle_dataset import PuzzleDataset
 from utils.distributed import Dist
 from utils.run.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY_TRM = ["arch=trm", "compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.L_layers=1", "arch.H_cycles=2",
+TINY_TRM = ["arch=trm", "compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.L_layers=1",
+            "arch.H_cycles=2",
             "arch.L_cycles=2", "arch.halt_max_steps=2", "arch.expansion=2", "arch.puzzle_emb_len=1",
             "global_batch_size=16", "epochs=4", "eval_interval=2", "log_interval=2", "lr_warmup_steps=2",
             "forward_dtype=float32"]
@@ -51,7 +50,8 @@ def test_trm_trains_with_ema_and_evaluate_reads_the_ema_weights(sudoku_dir, tmp_
     assert not torch.equal(ckpt["model"][name], ckpt["live_model"][name])  # the reference-format weights are the EMA
     assert torch.equal(ckpt["model"][name], ckpt["ema"]["model.inner.lm_head.weight"])
     capsys.readouterr()
-    assert evaluate.main(["--checkpoint", str(run / "step_16.pt"), "--forward-dtype", "float32", "--json"]) == 0
+    assert evaluate.main(["--device", "cpu", "--checkpoint", str(run / "step_16.pt"), "--forward-dtype", "float32",
+                          "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for key in ("accuracy", "exact_accuracy", "lm_loss"):
         assert metrics[key] == pytest.approx(eval_points(run)[-1][f"eval/{key}"], abs=1e-6)
@@ -59,20 +59,16 @@ def test_trm_trains_with_ema_and_evaluate_reads_the_ema_weights(sudoku_dir, tmp_
 
 @pytest.mark.slow
 def test_kill_9_then_resume_with_ema_is_bitwise(sudoku_dir, tmp_path):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-
-    def spawn(run, *extra):
+    def spawn(run, *extra, **env):
         return subprocess.Popen([sys.executable, "pretrain.py", *trm(sudoku_dir, run, "ema=true", "ema_rate=0.9",
                                                                       "deterministic=true", *extra)],
-                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                cwd=ROOT, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
 
-    straight, killed = spawn(tmp_path / "straight"), spawn(tmp_path / "killed")
-    first = tmp_path / "killed" / "step_8.pt"
-    while not first.exists():
-        assert killed.poll() is None, killed.stdout.read()
-        time.sleep(0.05)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
+    straight = spawn(tmp_path / "straight")
+    killed = spawn(tmp_path / "killed", **signal_at("train", 11, "SIGKILL"))
+    assert killed.wait(timeout=600) == -signal.SIGKILL, killed.stdout.read()
+    assert sorted(p.name for p in (tmp_path / "killed").glob("step_*.pt")) == ["step_8.pt"]  # killed in step 11
     assert straight.wait(timeout=600) == 0, straight.stdout.read()
     resumed = spawn(tmp_path / "killed", "resume=auto")
     out, _ = resumed.communicate(timeout=600)
@@ -140,7 +136,8 @@ def test_evaluations_vote_over_dihedral_views_and_evaluate_scores_the_same(sudok
     assert pretrain.main(trm(sudoku_dir, run, "eval_views=8", "eval_early_exit=true", "eval_min_segments=1")) == 0
     assert "eval_views: 8" in (run / "plan.yaml").read_text()
     capsys.readouterr()
-    assert evaluate.main([str(run), "--forward-dtype", "float32", "--json"]) == 0  # the run's own settings, views too
+    assert evaluate.main(["--device", "cpu", str(run), "--forward-dtype", "float32",
+                          "--json"]) == 0  # the run's own settings, views too
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert metrics["exact_accuracy"] == pytest.approx(eval_points(run)[-1]["eval/exact_accuracy"], abs=1e-6)
     assert metrics["accuracy"] == pytest.approx(eval_points(run)[-1]["eval/accuracy"], abs=1e-6)
@@ -163,7 +160,7 @@ def test_arc_run_scores_with_voting_saves_outputs_and_pictures(arc_dir, tmp_path
     assert set(submission) == set(json.loads((arc_dir / "test_puzzles.json").read_text()))
     outputs = run / f"step_{step}_all_preds.0"
     capsys.readouterr()
-    assert evaluate.main(["--outputs", str(outputs), "--data-path", str(arc_dir), "--json"]) == 0
+    assert evaluate.main(["--device", "cpu", "--outputs", str(outputs), "--data-path", str(arc_dir), "--json"]) == 0
     rescored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert all(rescored[k] == point[f"eval/{k}"] for k in rescored)
 

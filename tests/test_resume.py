@@ -15,12 +15,13 @@ import evaluate
 import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from tests.conftest import wait_for, wait_for_training
+from tests.conftest import child_env, signal_at
 from utils.run.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
 
 ROOT = Path(__file__).resolve().parent.parent
-TINY = ["compile=false", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1", "arch.halt_max_steps=3",
+TINY = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
+        "arch.L_layers=1", "arch.halt_max_steps=3",
         "arch.expansion=2", "global_batch_size=16", "epochs=4", "eval_interval=2", "log_interval=2",
         "lr_warmup_steps=2", "forward_dtype=float32", "deterministic=true"]
 
@@ -31,10 +32,15 @@ def args(sudoku_dir, run_dir, *extra):
     return ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", f"checkpoint_path={run_dir}", *TINY, *extra]
 
 
-def spawn(argv):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.Popen([sys.executable, "pretrain.py", *argv], cwd=ROOT, env=env,
+def spawn(argv, **env):
+    return subprocess.Popen([sys.executable, "pretrain.py", *argv], cwd=ROOT, env=child_env(**env),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def train_steps(run: Path) -> list[int]:
+    """The steps of the ``train/*`` points in a run's metrics.jsonl."""
+    points = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [p["step"] for p in points if "train/lm_loss" in p]
 
 
 def assert_same_training_state(a: Path, b: Path) -> None:
@@ -50,10 +56,9 @@ def assert_same_training_state(a: Path, b: Path) -> None:
 
 def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path):
     straight = spawn(args(sudoku_dir, tmp_path / "straight"))
-    killed = spawn(args(sudoku_dir, tmp_path / "killed"))
-    wait_for(tmp_path / "killed" / "step_8.pt", killed)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
+    killed = spawn(args(sudoku_dir, tmp_path / "killed"), **signal_at("train", 12, "SIGKILL"))
+    assert killed.wait(timeout=300) == -signal.SIGKILL, killed.stdout.read()
+    assert train_steps(tmp_path / "killed")[-1] == 10  # killed in step 12 (points every 2 steps): not before, not after
     assert straight.wait(timeout=300) == 0, straight.stdout.read()
 
     resumed = spawn(args(sudoku_dir, tmp_path / "killed", "resume=auto"))
@@ -61,21 +66,18 @@ def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path):
     assert resumed.returncode == 0, out
     assert "resumed from" in out and "step_8.pt" in out
     assert_same_training_state(tmp_path / "straight" / "step_16.pt", tmp_path / "killed" / "step_16.pt")
-    points = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
-    train_steps = [p["step"] for p in points if "train/lm_loss" in p]
-    assert train_steps == sorted(set(train_steps))  # metrics.jsonl continues from the checkpoint, no step twice
+    steps = train_steps(tmp_path / "killed")
+    assert steps == sorted(set(steps))  # metrics.jsonl continues from the checkpoint, no step twice
 
 
 def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir, tmp_path):
     run = tmp_path / "run"
-    proc = spawn(args(sudoku_dir, run, "epochs=40", "eval_interval=20"))
-    wait_for_training(run / "metrics.jsonl", proc)
-    proc.send_signal(signal.SIGINT)
+    proc = spawn(args(sudoku_dir, run, "epochs=40", "eval_interval=20"), **signal_at("train", 5, "SIGINT"))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, out  # non-zero: a scheduler requeues a stopped run
     assert "resume with: python pretrain.py" in out
-    ckpts = list(run.glob("step_*.pt"))
-    assert len(ckpts) == 1 and safe_load(ckpts[0])["train_loader"]["batch"] > 0  # mid-iteration position
+    assert [p.name for p in run.glob("step_*.pt")] == ["step_5.pt"]  # the step it was in, finished: no more
+    assert safe_load(run / "step_5.pt")["train_loader"]["batch"] > 0  # mid-iteration position
 
 
 def test_resume_auto_ignores_files_it_did_not_write_and_an_explicit_bad_file_is_an_error(sudoku_dir, tmp_path, caplog,
@@ -101,7 +103,7 @@ def test_checkpoint_needing_arbitrary_code_is_refused(sudoku_dir, tmp_path, caps
     torch.save({"model": _Exploit()}, bad, pickle_module=pickle)
     assert pretrain.main(args(sudoku_dir, tmp_path / "run", f"resume={bad}")) == 2
     assert "refusing to load" in capsys.readouterr().err
-    assert evaluate.main(["--checkpoint", str(bad)]) == 2
+    assert evaluate.main(["--device", "cpu", "--checkpoint", str(bad)]) == 2
     assert "refusing to load" in capsys.readouterr().err
 
 

@@ -33,7 +33,8 @@ def sudoku_run(sudoku_dir, tmp_path_factory):
 
 def test_a_sudoku_string_is_answered_checked_and_drawn(sudoku_run, tmp_path, capsys):
     out = tmp_path / "out"
-    assert solve.main(["--checkpoint", str(sudoku_run), "--sudoku", SUDOKU, "--out", str(out), "--segments", "3"]) == 0
+    assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", SUDOKU, "--out", str(out),
+                       "--segments", "3"]) == 0
     printed = capsys.readouterr().out
     assert "puzzle 1: " in printed and "segments used: 3; halting confidence sigmoid(q_halt) = " in printed
     assert printed.count(" | ") >= 18  # the 9x9 grid with its box separators
@@ -45,11 +46,11 @@ def test_a_file_of_sudokus_with_early_exit_rollouts_and_views(sudoku_run, tmp_pa
     puzzles = tmp_path / "puzzles.csv"
     puzzles.write_text(f"source,question,answer,rating\nmine,{SUDOKU},,0\nmine,{SUDOKU.replace('5', '0', 1)},,0\n")
     out = tmp_path / "out"
-    assert solve.main(["--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out", str(out), "--early-exit",
-                       "--rollouts", "3"]) == 0
+    assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
+                       str(out), "--early-exit", "--rollouts", "3"]) == 0
     assert "puzzles.csv row 3: " in capsys.readouterr().out and (out / "sudoku_2.gif").is_file()
-    assert solve.main(["--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out", str(tmp_path / "views"),
-                       "--views", "8"]) == 0
+    assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
+                       str(tmp_path / "views"), "--views", "8"]) == 0
     assert len(re.findall(r"; [1-8] of 8 views gave this answer", capsys.readouterr().out)) == 2
 
 
@@ -60,10 +61,11 @@ def test_a_maze_text_grid_is_answered(tmp_path_factory, tmp_path, capsys):
     grid = tmp_path / "my_maze.txt"
     grid.write_text(MAZE.replace("#  G#", "#  G"))  # an editor stripped the trailing character: still 5 wide
     out = tmp_path / "out"
-    assert solve.main(["--checkpoint", str(run), "--maze", str(grid), "--out", str(out)]) == 0
+    assert solve.main(["--device", "cpu", "--checkpoint", str(run), "--maze", str(grid), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "my_maze: " in printed and "#S" in printed and (out / "maze_1.png").is_file()
-    assert solve.main(["--checkpoint", str(run), "--sudoku", SUDOKU, "--out", str(out)]) == 2  # a maze model
+    maze_model = ["--device", "cpu", "--checkpoint", str(run), "--sudoku", SUDOKU, "--out", str(out)]
+    assert solve.main(maze_model) == 2
     assert "was trained on puzzles of 25 cells (5x5) and a vocabulary of 6" in capsys.readouterr().err
 
 
@@ -79,7 +81,8 @@ def test_an_arc_task_is_adapted_to_voted_on_and_submitted(tmp_path_factory, tmp_
     path = tmp_path / "my_task.json"
     path.write_text(json.dumps(unsolved))
     out = tmp_path / "out"
-    assert solve.main(["--checkpoint", str(run), "--arc", str(path), "--out", str(out), "--adapt-steps", "3",
+    assert solve.main(["--device", "cpu", "--checkpoint", str(run), "--arc", str(path), "--out", str(out),
+                       "--adapt-steps", "3",
                        "--num-aug", "3", "--adapt-batch-size", "4", "--forward-dtype", "float32"]) == 0
     submission = json.loads((out / "submission.json").read_text())
     assert list(submission) == ["my_task"] and len(submission["my_task"]) == len(task["test"])
@@ -109,10 +112,11 @@ def test_puzzle_checks_and_one_line_errors(capsys, tmp_path):
         parse_maze(MAZE.replace("#S  #", "#S o#"), "m")
     with pytest.raises(PuzzleInputError, match="a maze is square"):
         parse_maze(MAZE + "#   #\n", "m")
-    assert solve.main(["--checkpoint", str(tmp_path), "--sudoku", SUDOKU[:80], "--out", str(tmp_path / "o")]) == 2
+    assert solve.main(["--device", "cpu", "--checkpoint", str(tmp_path), "--sudoku", SUDOKU[:80], "--out",
+                       str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "80 cells; a Sudoku is 81 characters" in err
-    assert solve.main(["--checkpoint", str(tmp_path), "--sudoku", SUDOKU, "--out", "/proc/x/y"]) == 2
+    assert solve.main(["--device", "cpu", "--checkpoint", str(tmp_path), "--sudoku", SUDOKU, "--out", "/proc/x/y"]) == 2
     assert "--out /proc/x/y cannot be created" in capsys.readouterr().err
     assert np.array_equal(parse_sudoku(SUDOKU.replace(".", "0"), "z"), parse_sudoku(SUDOKU, "d"))
 
@@ -121,7 +125,8 @@ def test_the_test_time_benchmark_table(sudoku_run, tmp_path, capsys):
     from scripts import benchmark_test_time
 
     out = tmp_path / "ttc.json"
-    assert benchmark_test_time.main(["--checkpoint", str(sudoku_run), "--segments", "1,4", "--rollouts", "2",
+    assert benchmark_test_time.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--segments", "1,4",
+                                     "--rollouts", "2",
                                      "--combined", "2x3", "--batch-size", "16", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["policy"] for r in rows] == ["default (2 segments)", "1 segments", "4 segments", "early exit, at most 1",
