@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import io
 import json
 import os
 import platform
@@ -34,11 +35,13 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urljoin, urlparse
 
 REPO = Path(__file__).resolve().parent
 PLATFORMS = ("apple-silicon", "cuda", "cpu")
@@ -58,6 +61,12 @@ CONSTRAINTS = "<constraints.txt>"  # replaced by the real temp file when a step 
 # --no-build-isolation builds with what is installed, so these must be there. ninja turns the hours of a
 # serial flash-attn compile into minutes; flash-attn's setup.py imports packaging.
 BUILD_TOOLS = ("setuptools", "wheel", "ninja", "packaging")
+# What each CUDA extra's build needs beyond BUILD_TOOLS and torch, where its source distribution is not read (a dry
+# run, or no index offers it): adam-atan2 0.0.3's setup.py has setup_requires=['setuptools_scm'] with
+# use_scm_version=True (without it the build stops at its metadata: seen on an H200); flash-attn 2.x's setup.py has
+# setup_requires=["packaging", "psutil", "ninja"]. A real run reads them from the source distribution instead.
+KNOWN_BUILD_REQUIRES = {"adam-atan2": ("setuptools_scm",), "flash-attn": ("packaging", "psutil", "ninja")}
+SDIST_MAX_BYTES = 64 << 20  # flash-attn's source distribution is a few MB
 GB_PER_BUILD_JOB = 4  # one nvcc job can take several GB of RAM; more jobs than this risks the OOM killer
 
 
@@ -295,6 +304,8 @@ class PlatformInfo:
     # pip can get it: "configured" (pip's own sources) or the PyTorch index URL that offers it.
     build_sources: dict[str, str] = field(default_factory=dict)
     local_pair: dict | None = None           # the pinned pair as wheels on local disk (see probe_local_pair)
+    # Probed by main() for a real run on CUDA: extra name -> what its source distribution says its build needs.
+    build_requires: dict[str, BuildRequires] = field(default_factory=dict)
     ram_gb: float = 0.0
     cpu_count: int = 1
 
@@ -691,6 +702,101 @@ def probe_sources(info: PlatformInfo, reqs: RequirementSet, fresh: bool) -> Plat
 
 
 # --------------------------------------------------------------------------------------------------
+# Build requirements: what a --no-build-isolation build needs installed first, read from its source distribution
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BuildRequires:
+    """The requirements one extra's build imports (``packages``, as written) and where that was read (``source``)."""
+
+    packages: tuple[str, ...]
+    source: str
+
+
+def known_build_requires(name: str) -> BuildRequires:
+    """:data:`KNOWN_BUILD_REQUIRES` for ``name``, for when its source distribution is not read."""
+    return BuildRequires(KNOWN_BUILD_REQUIRES.get(name, ()), "listed in install_dependencies.py")
+
+
+def declared_build_requires(archive: bytes) -> tuple[str, ...] | None:
+    """The build requirements a source distribution (a .tar.gz) declares: ``[build-system] requires`` of its
+    pyproject.toml and ``setup_requires=[...]`` of its setup.py, read and never run; None when neither is there or
+    the archive cannot be read."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+            top = {Path(m.name).name: tar.extractfile(m).read().decode("utf-8", "replace")
+                   for m in tar.getmembers() if m.isfile() and len(Path(m.name).parts) == 2}
+    except (tarfile.TarError, OSError, EOFError):
+        return None
+    found: list[str] = []
+    if "pyproject.toml" in top:
+        try:
+            import tomllib  # Python >= 3.11
+            found += tomllib.loads(top["pyproject.toml"]).get("build-system", {}).get("requires", [])
+        except (ImportError, ValueError):
+            pass
+    try:
+        calls = [n for n in ast.walk(ast.parse(top.get("setup.py", ""))) if isinstance(n, ast.Call)]
+    except SyntaxError:
+        calls = []
+    for keyword in (k for call in calls for k in call.keywords if k.arg == "setup_requires"):
+        if isinstance(keyword.value, (ast.List, ast.Tuple)):
+            found += [e.value for e in keyword.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+    return tuple(dict.fromkeys(found)) if ("pyproject.toml" in top or "setup.py" in top) else None
+
+
+def _sdist_links(page_url: str) -> list[tuple[str, str]]:
+    """``(file name, absolute URL)`` of every .tar.gz a PEP 503 project page (or a local find-links folder) lists."""
+    if "://" not in page_url:
+        folder = Path(page_url)
+        return [(f.name, f.as_uri()) for f in folder.glob("*.tar.gz")] if folder.is_dir() else []
+    if page_url.startswith("file:") and Path(unquote(urlparse(page_url).path)).is_dir():
+        page_url = urljoin(page_url, "index.html")
+    with urllib.request.urlopen(page_url, timeout=PROBE_TIMEOUT_S) as response:
+        html = response.read(SDIST_MAX_BYTES).decode("utf-8", "replace")
+    links = [urljoin(page_url, href.split("#")[0]) for href in re.findall(r'href="([^"]+)"', html)]
+    return [(unquote(urlparse(url).path).rsplit("/", 1)[-1], url) for url in links if url.endswith(".tar.gz")]
+
+
+def read_build_requires(req: Requirement, sources: PipSources) -> BuildRequires | None:
+    """What ``req``'s build needs, read from the newest source distribution that ``sources`` offer for it (its index
+    pages and find-links folders are read; the one archive is downloaded into memory); None when none is found or
+    read."""
+    candidates = []
+    for place in (*(f"{i.rstrip('/')}/{req.name}/" for i in sources.indexes), *sources.find_links):
+        try:
+            links = _sdist_links(place)
+        except (OSError, ValueError):
+            continue
+        for filename, url in links:
+            project, _, version = filename[:-len(".tar.gz")].rpartition("-")
+            key = version_key(version)
+            if normalize_name(project) == req.name and key is not None and satisfies(version, req.specs) is not False:
+                candidates.append((key, filename, url))
+    for _, filename, url in sorted(candidates, reverse=True)[:1]:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                declared = declared_build_requires(response.read(SDIST_MAX_BYTES))
+        except (OSError, ValueError):
+            declared = None
+        if declared is not None:
+            return BuildRequires(declared, f"declared in {filename}")
+    return None
+
+
+def probe_build_requires(info: PlatformInfo, reqs: RequirementSet) -> PlatformInfo:
+    """``info`` with ``build_requires`` read for every CUDA extra that passes its preflight here (a real run on
+    CUDA; see :func:`read_build_requires`)."""
+    buildable = [r for r in reqs.cuda_extras if cuda_extra_preflight(info, r) is None]
+    if info.kind != "cuda" or not buildable:
+        return info
+    print("Reading the build requirements of " + ", ".join(r.name for r in buildable), flush=True)
+    configured = configured_sources(info.python)
+    found = {r.name: read_build_requires(r, configured) for r in buildable}
+    return replace(info, build_requires={name: b for name, b in found.items() if b is not None})
+
+
+# --------------------------------------------------------------------------------------------------
 # Planning: a pure function of (platform, requirements, installed versions) -> steps
 # --------------------------------------------------------------------------------------------------
 
@@ -761,6 +867,7 @@ class Plan:
     skipped: dict[str, str]               # extra name -> why it is not attempted
     warnings: list[str]
     errors: list[str]
+    build_notes: list[str] = field(default_factory=list)  # why each extra build requirement is installed
 
 
 def max_jobs(ram_gb: float, cpu_count: int) -> int:
@@ -952,10 +1059,11 @@ def _plan_base(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, st
 def _plan_extras(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, str], cuda_extras: bool,
                  plan: Plan) -> None:
     """The optional extras, each on its own pip call so one failure cannot take the others down; the CUDA
-    ones only where their preflight passes, after the build tools they need."""
+    ones only where their preflight passes, after the build tools and build requirements they need."""
     pip = pip_install(info)
-    extras = []
+    extras, needs = [], {}
     for r in reqs.cuda_extras:
+        needs[r.name] = info.build_requires.get(r.name) or known_build_requires(r.name)
         if not cuda_extras:
             plan.skipped[r.name] = "disabled by --no-cuda-extras"
         elif info.kind != "cuda":
@@ -963,19 +1071,33 @@ def _plan_extras(info: PlatformInfo, reqs: RequirementSet, installed: dict[str, 
         elif info.torch_version is None:
             plan.skipped[r.name] = "decided after torch is installed; the preflight needs torch.version.cuda"
         elif why := cuda_extra_preflight(info, r):
-            plan.skipped[r.name] = why
+            first = needs[r.name].packages
+            plan.skipped[r.name] = why + (f"; where it builds, its build requirements go in first: {', '.join(first)} "
+                                          f"({needs[r.name].source})" if first else "")
         else:
             rule = EXTRA_RULES.get(r.name)
             extras.append((r, build_env(info), rule.verify if rule else import_check(r.name)))
-    tools = [t for t in BUILD_TOOLS if t not in installed]
-    if tools and any(not satisfies(installed.get(r.name), r.specs) for r, _, _ in extras):
-        plan.steps.append(Step("build-tools", "build tools", pip + ["-c", CONSTRAINTS] + tools))
+    building = [r for r, _, _ in extras if not satisfies(installed.get(r.name), r.specs)]
+    tools = {t: "BUILD_TOOLS" for t in BUILD_TOOLS} if building else {}
+    for r in building:
+        for package in needs[r.name].packages:
+            tools.setdefault(package, f"a build requirement of {r.name} ({needs[r.name].source})")
+    missing = [t for t in tools if _requirement_name(t) not in installed]
+    if missing:
+        plan.steps.append(Step("build-tools", "build tools", pip + ["-c", CONSTRAINTS] + missing))
+        plan.build_notes = [f"{t}: {tools[t]}" for t in missing if tools[t] != "BUILD_TOOLS"]
     extras += [(r, {}, import_check(r.name)) for r in reqs.optional]
     for r, env, verify in extras:
         have = installed.get(r.name)
         # --no-build-isolation: they import torch to build; an isolated build env has no (or another) torch.
         plan.steps.append(Step("extra", r.name, pip + ["--no-build-isolation", "-c", CONSTRAINTS, r.text], env,
                                verify, have if satisfies(have, r.specs) else None))
+
+
+def _requirement_name(text: str) -> str:
+    """The normalized project name of a requirement string (``setuptools_scm>=8`` -> ``setuptools-scm``)."""
+    m = _NAME_RE.match(text.strip())
+    return normalize_name(m.group(1)) if m else text
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1266,6 +1388,7 @@ def describe_plan(plan: Plan, info: PlatformInfo, show_fresh: bool = True) -> li
         lines.append(f"     {CONSTRAINTS} pins {pins}")
     if "build-tools" in steps:
         item(f"install build tools for the CUDA extras: {shlex.join(steps['build-tools'].argv)}")
+        lines += [f"     {note}" for note in plan.build_notes]
     if plan.satisfied:
         item(f"already satisfied, no pip call: {', '.join(plan.satisfied)}")
     for s in (s for s in plan.steps if s.kind == "extra"):
@@ -1330,6 +1453,8 @@ def main(argv: list[str] | None = None) -> int:
             info = simulate_platform(info, args.platform)
         reqs = load_requirements(info.kind, args.requirements_dir, args.optional)
         info = probe_sources(info, reqs, fresh=args.dry_run or info.torch_version is None)
+        if not (args.dry_run or args.no_cuda_extras):
+            info = probe_build_requires(info, reqs)
         plan = make_plan(info, reqs, installed_versions(args.python), cuda_extras=not args.no_cuda_extras)
     except InstallError as e:
         print(f"error: {e}", file=sys.stderr)

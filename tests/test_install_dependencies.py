@@ -314,7 +314,11 @@ def test_rosetta_python_gets_a_warning_and_cannot_install_torch():
 def test_cuda_plan_builds_each_extra_alone_without_build_isolation():
     plan = plan_for(make_info(**CUDA_OK), installed=ALL_BASE | {"setuptools": "80.0", "packaging": "25.0"})
     assert [s.name for s in plan.steps] == ["build tools", "adam-atan2", "flash-attn"] and plan.skipped == {}
-    assert plan.steps[0].argv == [PY, "-m", "pip", "install", "-c", inst.CONSTRAINTS, "wheel", "ninja"]
+    # The build requirements of each extra (adam-atan2: setuptools_scm; flash-attn: psutil) go in with the tools.
+    assert plan.steps[0].argv == [PY, "-m", "pip", "install", "-c", inst.CONSTRAINTS, "wheel", "ninja",
+                                  "setuptools_scm", "psutil"]
+    assert plan.build_notes == ["setuptools_scm: a build requirement of adam-atan2 (listed in install_dependencies.py)",
+                                "psutil: a build requirement of flash-attn (listed in install_dependencies.py)"]
     for step in plan.steps[1:]:
         assert step.argv[:5] == [PY, "-m", "pip", "install", "--no-build-isolation"]
         assert step.argv[5:7] == ["-c", inst.CONSTRAINTS]
@@ -323,8 +327,65 @@ def test_cuda_plan_builds_each_extra_alone_without_build_isolation():
     assert "import adam_atan2_backend" in plan.steps[1].verify and "flash_attn_func(q, k, v)" in plan.steps[2].verify
 
 
+def test_build_requirements_read_from_the_source_distribution_win_over_the_list():
+    read = inst.BuildRequires(("setuptools_scm>=8", "cmake"), "declared in adam_atan2-0.0.3.tar.gz")
+    info = make_info(**CUDA_OK, build_requires={"adam-atan2": read})
+    tools = {t: "1.0" for t in inst.BUILD_TOOLS} | {"psutil": "7.0", "setuptools-scm": "7.1"}
+    plan = plan_for(info, installed=ALL_BASE | tools)
+    assert plan.steps[0].argv[-1:] == ["cmake"]  # setuptools_scm>=8 is installed (as setuptools-scm): not again
+    assert plan.build_notes == ["cmake: a build requirement of adam-atan2 (declared in adam_atan2-0.0.3.tar.gz)"]
+
+
+def test_dry_run_for_cuda_shows_setuptools_scm_before_the_adam_atan2_build(monkeypatch, capsys):
+    # On a CPU machine (as CI's), --dry-run --platform cuda: the preflight cannot pass, and says what would go first.
+    monkeypatch.setattr(inst, "detect_platform", lambda python: make_info(python=python))
+    monkeypatch.setattr(inst, "installed_versions", lambda python: ALL_BASE)
+    monkeypatch.setattr(inst, "probe_sources", lambda info, reqs, fresh: info)
+    assert inst.main(["--dry-run", "--platform", "cuda"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if "optional adam-atan2" in line)
+    assert "its build requirements go in first: setuptools_scm" in line
+    # On a GPU machine where it can build: the build tools step, with setuptools_scm, comes before its build.
+    info = make_info(**CUDA_OK)
+    lines = inst.describe_plan(plan_for(info), info)
+    tools = next(i for i, line in enumerate(lines) if "install build tools" in line)
+    build = next(i for i, line in enumerate(lines) if "optional adam-atan2" in line)
+    assert "setuptools_scm" in lines[tools] and tools < build
+
+
+def _sdist(folder: Path, filename: str, files: dict[str, str]) -> Path:
+    """A .tar.gz holding ``files`` under one top folder, as a source distribution."""
+    path = folder / filename
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in files.items():
+            entry = tarfile.TarInfo(f"{filename[:-len('.tar.gz')]}/{name}")
+            entry.size = len(text.encode())
+            tar.addfile(entry, io.BytesIO(text.encode()))
+    return path
+
+
+def test_build_requirements_are_read_from_the_matching_source_distribution_without_running_it(tmp_path):
+    setup = ("import sys\nraise SystemExit('never run')\nfrom setuptools import setup\n"
+             "setup(name='adam-atan2', setup_requires=['setuptools_scm'], use_scm_version=True)\n")
+    old = _sdist(tmp_path, "adam_atan2-0.0.2.tar.gz", {"setup.py": setup.replace("setuptools_scm", "old_tool")})
+    new = _sdist(tmp_path, "adam_atan2-0.0.3.tar.gz", {"setup.py": setup, "pyproject.toml":
+                                                       '[build-system]\nrequires = ["setuptools>=64", "wheel"]\n'})
+    assert inst.declared_build_requires(new.read_bytes()) == ("setuptools>=64", "wheel", "setuptools_scm")
+    assert inst.declared_build_requires(b"not an archive") is None
+    index = tmp_path / "index"
+    (index / "adam-atan2").mkdir(parents=True)
+    (index / "adam-atan2" / "index.html").write_text("".join(f'<a href="{p.as_uri()}#sha256=0">{p.name}</a>\n'
+                                                             for p in (old, new)))
+    pin = next(r for r in inst.load_requirements("cuda").cuda_extras if r.name == "adam-atan2")
+    found = inst.read_build_requires(pin, inst.PipSources(indexes=(index.as_uri(),)))
+    assert found == inst.BuildRequires(("setuptools>=64", "wheel", "setuptools_scm"),
+                                       "declared in adam_atan2-0.0.3.tar.gz")
+    older = inst.Requirement("adam-atan2", "adam-atan2<0.0.3", (("<", "0.0.3"),), "x")
+    assert inst.read_build_requires(older, inst.PipSources(find_links=(str(tmp_path),))).packages == ("old_tool",)
+    assert inst.read_build_requires(pin, inst.PipSources(indexes=((tmp_path / "none").as_uri(),))) is None
+
+
 def test_cuda_extra_already_installed_is_only_verified():
-    tools = {t: "1.0" for t in inst.BUILD_TOOLS}
+    tools = {t: "1.0" for t in (*inst.BUILD_TOOLS, "psutil")}  # flash-attn's rebuild needs psutil, not adam-atan2's
     plan = plan_for(make_info(**CUDA_OK), installed=ALL_BASE | tools | {"adam-atan2": "0.0.3", "flash-attn": "2.5.0"})
     assert [(s.name, s.installed) for s in plan.steps] == [("adam-atan2", "0.0.3"), ("flash-attn", None)]
     done = plan_for(make_info(**CUDA_OK), installed=ALL_BASE | {"adam-atan2": "0.0.3", "flash-attn": "2.8.3"})
@@ -529,6 +590,10 @@ def forbid_changes(monkeypatch):
 
 @pytest.mark.slow
 def test_rerun_here_changes_nothing_and_reports_fallback_backends(forbid_changes, tmp_path, capsys):
+    pinned, here = inst.load_requirements("cpu").pair[0], importlib.metadata.version("torch")
+    if here.split("+")[0] != pinned:
+        pytest.skip(f"this environment's torch {here} is not the pinned {pinned}, so it was not set up by "
+                    "python install_dependencies.py, whose re-run this test checks")
     report_path = tmp_path / "report.json"
     assert inst.main(["--no-cuda-extras", "--report", str(report_path)]) == 0
     report = json.loads(report_path.read_text())
@@ -679,8 +744,10 @@ def sandbox(tmp_path_factory):
 
 def _run(sandbox: Path, *args: str) -> tuple[int, str, dict]:
     env = _isolated_pip_env(sandbox, sandbox / "dist")
+    # --no-cuda-extras: these runs are about the optional file's extras; on a GPU machine the CUDA ones would build.
     p = subprocess.run([sys.executable, str(REPO / "install_dependencies.py"), "--python",
-                        str(sandbox / "venv" / "bin" / "python"), "--report", str(sandbox / "report.json"), *args],
+                        str(sandbox / "venv" / "bin" / "python"), "--report", str(sandbox / "report.json"),
+                        "--no-cuda-extras", *args],
                        capture_output=True, text=True, env=env, timeout=300)
     return p.returncode, p.stdout + p.stderr, json.loads((sandbox / "report.json").read_text())
 
