@@ -32,7 +32,7 @@ from utils.eval.load import load_trained
 from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.eval.stats import interval_keys
-from utils.outputs import check_writable_dir, check_writable_file
+from utils.outputs import announce_replacing, check_writable_dir, check_writable_file
 from utils.run.main import ArgumentParser, cli_main
 
 log = logging.getLogger("evaluate")
@@ -93,6 +93,7 @@ def check_output_paths(args: argparse.Namespace) -> None:
     for flag in ("submission", "report"):
         if getattr(args, flag):
             check_writable_file(getattr(args, flag), f"--{flag}")
+            announce_replacing(getattr(args, flag), f"--{flag}")
 
 
 def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
@@ -141,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
     head = trained.head
     loader = PuzzleDataset(data_path, "test", batch_size, seed=cfg.seed)
     arc = ARC(data_path) if (Path(data_path) / "test_puzzles.json").is_file() else None
+    if arc is None and (args.submission or args.report):
+        raise ConfigError(f"--submission and --report score ARC, but {data_path} is not an ARC dataset (no "
+                          "test_puzzles.json)")
     collector = OutputsCollector() if args.save_outputs is not None else None
     consumers = [c for c in (arc, collector) if c is not None]
     ttc = test_time_compute(args, cfg)
@@ -151,11 +155,9 @@ def run(args: argparse.Namespace) -> int:
         arc_metrics, submission = arc.score()
         metrics.update(arc_metrics)
         write_results(arc_metrics, submission, args.submission, args.report)
-    elif args.submission or args.report:
-        raise ConfigError(f"--submission and --report score ARC, but {data_path} is not an ARC dataset (no test_puzzles.json)")
     if collector is not None:
         where = save_outputs_dir(args)
-        log.info("saved outputs: %s", collector.save(where, trained.step, 0))
+        log.info("saved outputs: %s", collector.save(where, trained.step, 0, keep_existing=True))
     print_metrics(f"{path} on {data_path} (test):", metrics, args.json)
     return 0
 

@@ -43,7 +43,7 @@ from utils.distributed import Dist, any_rank, main_decides
 from utils.eval.arc import ARC
 from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
-from utils.eval.reasoning import TestTimeCompute, view_grid_side
+from utils.eval.reasoning import SETTING_NAMES, TestTimeCompute, view_grid_side
 from utils.hardware_optimizer import HRM_CONFIGS, compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
 from utils.run import faults
@@ -127,7 +127,7 @@ def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
                           "nothing would train")
     if cfg.global_batch_size % rank.world_size:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
-    eval_compute(cfg).check()
+    eval_compute(cfg).check(arch["halt_max_steps"], SETTING_NAMES)
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
     use_compile, compile_reason = compile_decision(device, cfg.compile)
     attention, attention_reason = attention_backend(device, dtype)

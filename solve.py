@@ -31,12 +31,16 @@ from utils.device import select_device, select_dtype
 from utils.eval.arc_adapt import solve_arc_task
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import add_test_time_arguments, reason, test_time_compute
-from utils.outputs import check_writable_dir
+from utils.config import ConfigError
+from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
+from utils.outputs import check_writable_dir, unused_stem
 from utils.run.main import ArgumentParser, cli_main
-from utils.viz.puzzles import render_example, render_segments, save_picture, save_segments
+from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
 
 log = logging.getLogger("solve")
-VOCAB = {"sudoku": 11, "maze": 6}  # the tokens of utils/data/user_puzzles.py
+VOCAB = {"sudoku": (11, "Sudoku"), "maze": (6, "mazes"), "arc": (COLOUR_OFFSET + 10, "ARC grids")}  # their tokens
+PUZZLE_FLAGS = {"sudoku": "81 characters (1-9, . or 0 for blanks) or a file of Sudoku",
+                "maze": "a text file with one maze", "arc": "a task JSON file in the ARC Prize format"}
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -69,13 +73,15 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, "--out")
+    check_puzzle_flags(args)
     ttc = test_time_compute(args, keep_segments=True)  # the flags checked before any work
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, args.forward_dtype)
     out = Path(args.out)
-    if args.arc:
+    if args.arc is not None:
+        check_adaptable(args)
         return solve_arc_task(args, ttc, device, dtype, out)
-    task = "sudoku" if args.sudoku else "maze"
+    task = "sudoku" if args.sudoku is not None else "maze"
     if task == "sudoku":
         puzzles = read_sudokus(args.sudoku)
     else:
@@ -93,9 +99,46 @@ def run(args: argparse.Namespace) -> int:
     consistent = 0
     for i, (name, tokens) in enumerate(puzzles):
         mine = {k: v[i] for k, v in answer.items()}
-        consistent += report(task, name, tokens, mine, out / f"{task}_{i + 1}", ttc.views)
+        stem = out / unused_stem(out, f"{task}_{i + 1}", ANSWER_ENDINGS)  # a file already there is kept
+        consistent += report(task, name, tokens, mine, stem, ttc.views)
     print(f"{consistent} of {len(puzzles)} answer(s) consistent; pictures in {out}")
     return 0
+
+
+def check_puzzle_flags(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an empty puzzle flag and ARC adaptation settings out of range.
+
+    Raises:
+        PuzzleInputError: an empty --sudoku, --maze or --arc, or --views with --arc.
+        ConfigError: --adapt-steps or --adapt-batch-size below 1, --num-aug below 0.
+    """
+    for flag, wanted in PUZZLE_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None and not value.strip():
+            raise PuzzleInputError(f"--{flag} is empty: give {wanted}")
+    if args.arc is None:
+        return
+    if args.views not in (None, 1):
+        raise PuzzleInputError(f"--views {args.views} cannot be used with --arc: an ARC task is answered in its "
+                               "augmented copies (--num-aug), which vote instead")
+    for flag, low in (("adapt_steps", 1), ("adapt_batch_size", 1), ("num_aug", 0)):
+        if getattr(args, flag) < low:
+            raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is out of range: at least {low}")
+
+
+def check_adaptable(args: argparse.Namespace) -> None:
+    """Refuse, before building the task's dataset, a checkpoint that cannot adapt to an ARC task.
+
+    Raises:
+        PuzzleInputError: a model of other puzzle sizes, or without the puzzle embedding the adaptation trains
+            (unless --adapt-all).
+        CheckpointError, ConfigError: see :func:`utils.eval.load.load_trained`.
+    """
+    trained = load_trained(args.checkpoint, torch.device("cpu"), torch.float32, 1, seq_len=ARC_SEQ_LEN)
+    check_fits(trained, "arc", ARC_SEQ_LEN)
+    if not args.adapt_all and not trained.cfg.arch.get("puzzle_emb_ndim"):
+        raise PuzzleInputError(f"{trained.path} has no puzzle embedding (its arch.puzzle_emb_ndim is 0), the part an "
+                               "ARC task adapts by default: add --adapt-all to adapt every weight")
 
 
 def read_text(path: str) -> str:
@@ -110,12 +153,12 @@ def read_text(path: str) -> str:
 def check_fits(trained: Trained, task: str, seq_len: int) -> None:
     """Raises:
         PuzzleInputError: the model was trained on another kind or size of puzzle."""
-    vocab = VOCAB[task]
+    vocab, kind = VOCAB[task]
     if trained.vocab_size != vocab or trained.seq_len != seq_len:
         side = math.isqrt(trained.seq_len)
         raise PuzzleInputError(f"{trained.path} was trained on puzzles of {trained.seq_len} cells"
                                f"{f' ({side}x{side})' if side * side == trained.seq_len else ''} and a vocabulary of "
-                               f"{trained.vocab_size}, not {task}s of {seq_len} cells: use a checkpoint trained on them")
+                               f"{trained.vocab_size}, not {kind} of {seq_len} cells: use a checkpoint trained on them")
 
 
 def report(task: str, name: str, tokens: np.ndarray, answer: dict, stem: Path, views: int = 1) -> bool:

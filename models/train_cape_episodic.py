@@ -22,7 +22,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import utils  # noqa: F401  (sets the MPS fallback env before torch loads)
 import torch
@@ -52,7 +52,7 @@ from utils.run.plan import Decision, Plan, layered_settings
 from utils.run.run_dir import run_location, settings_fingerprint
 from utils.run.schedule import LRSchedule
 from utils.run.session import RunSession, open_session, resume_command, stop_run
-from utils.run.stop import GracefulStop
+from utils.run.stop import GracefulStop, quiet_worker, start_workers
 from utils.run.train_state import Clock, RNGStates, TrainState, Value
 from utils.viz.pose import pose_grid
 
@@ -365,10 +365,12 @@ def apply_update(state: CapeTrainState) -> None:
 
 @torch.no_grad()
 def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, device: torch.device, args,
-             desc: str, step: int | None = None) -> tuple[EpisodeEvaluator, EpisodeEvaluator, tuple | None]:
+             desc: str, step: int | None = None, stop: Callable[[], bool] = lambda: False
+             ) -> tuple[EpisodeEvaluator, EpisodeEvaluator, tuple | None]:
     """Score the model (last decoder layer) and the copy-support baseline with the papers' protocol. ``desc``
     names the split (``val``, ``test``), and with ``step`` (the training step) the point ``RUN_SIGNAL_AT`` can name
-    (utils/run/faults.py).
+    (utils/run/faults.py). The scoring ends early, after the batch where ``stop()`` is true (a signal that stops
+    the run: the caller then scores nothing).
 
     Returns the two evaluators (``pck()`` is the split's number, a fraction) and the first batch with its
     predictions, for pictures.
@@ -377,7 +379,7 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
     model.eval()
     ours, baseline = EpisodeEvaluator(split, args.shots), EpisodeEvaluator(split, args.shots)
     first = None
-    for batch in tqdm(loader, desc=desc, leave=False, dynamic_ncols=True):
+    for batch in tqdm(start_workers(loader), total=len(loader), desc=desc, leave=False, dynamic_ncols=True):
         # Scoring runs on the host in float64 (MPS has no float64); only the model runs on the device.
         pred = run_model(model, to_device(batch, device), amp, device)["refined"][-1].float().cpu()
         to_orig = batch["query_crop_to_orig"]
@@ -388,6 +390,8 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
             first = (batch, pred)
             if step is not None:
                 faults.reach(desc, step)
+        if stop():
+            break
     model.train(was_training)
     return ours, baseline, first
 
@@ -419,20 +423,25 @@ def validate(state: CapeTrainState, split, loader, device, args, metrics: Metric
     return improved
 
 
-def test(state: CapeTrainState, split, device, args, metrics: MetricsWriter, run_path: Path) -> None:
+def test(state: CapeTrainState, split, device, args, metrics: MetricsWriter, run_path: Path,
+         stopper: GracefulStop) -> bool:
     """The best validation checkpoint on the unseen test categories; writes ``pck_report.json`` to the run and logs
-    ``test/PCK@0.2_percent`` and ``test/copy_support_PCK@0.2_percent`` (percent)."""
+    ``test/PCK@0.2_percent`` and ``test/copy_support_PCK@0.2_percent`` (percent). False, with nothing written, when
+    a signal cut it short."""
     best = run_path / "best.pt"
     if best.is_file():
         state.model.load_state_dict(safe_load(best, map_location=device)["model"])
     ours, baseline, _ = evaluate(state.model, split, eval_loader(split, "test", args, device), state.amp, device, args,
-                                 "test", state.step)
+                                 "test", state.step, lambda: stopper.requested)
+    if stopper.requested:
+        return False
     metrics.log(state.step, {f"test/{pck_field()}": 100 * ours.pck(),
                              f"test/copy_support_{pck_field()}": 100 * baseline.pck()})
     ours.write_report(run_path / "pck_report.json")
     log.info("test (unseen categories, %d queries, %s): PCK@0.2 %.2f%%, copy-support baseline %.2f%%; %.0fs in all",
              len(ours.records), "best val checkpoint" if best.is_file() else "last weights", 100 * ours.pck(),
              100 * baseline.pck(), state.clock.elapsed_s())
+    return True
 
 
 def log_train_point(state: CapeTrainState, metrics: MetricsWriter, bar) -> None:
@@ -449,10 +458,11 @@ def log_train_point(state: CapeTrainState, metrics: MetricsWriter, bar) -> None:
 
 def make_loader(dataset: EpisodeDataset, batch_size: int, args, device: torch.device, seed: int) -> DataLoader:
     """Episodes in order; its own generator, so making an iterator never draws from the global RNG (which
-    dropout uses): a run resumed mid-epoch then continues bitwise."""
+    dropout uses): a run resumed mid-epoch then continues bitwise. Its workers leave SIGINT and SIGTERM to this
+    process (utils/run/stop.py: iterate it through ``start_workers``)."""
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=args.num_workers,
                       collate_fn=collate_episodes, pin_memory=device.type == "cuda", drop_last=False,
-                      generator=torch.Generator().manual_seed(seed))
+                      generator=torch.Generator().manual_seed(seed), worker_init_fn=quiet_worker)
 
 
 def eval_loader(split: MP100Split, subset: str, args, device: torch.device) -> DataLoader:
@@ -480,7 +490,8 @@ class CapeData:
         self.train.set_epoch(epoch, start=done // rank.world_size)
         loader = make_loader(self.train, self.micro // rank.world_size, args, device, args.seed * 100003 + epoch)
         batches = []
-        with tqdm(loader, desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True, disable=not rank.is_main,
+        with tqdm(start_workers(loader), desc=f"epoch {epoch + 1}/{args.epochs}", dynamic_ncols=True,
+                  disable=not rank.is_main,
                   initial=done // self.micro, total=self.steps_per_epoch * args.accumulation_steps) as self.bar:
             for batch in self.bar:
                 batches.append(batch)
@@ -512,9 +523,10 @@ def load_data(args, rank: Dist) -> CapeData:
 
 # ---- evaluation only ---------------------------------------------------------------------------------------
 
-def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
+def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist, stopper: GracefulStop) -> int:
     """``--eval_only``: score the checkpoint ``--resume`` names on ``--eval_set`` with the papers' protocol;
-    write the predictions file and ``pck_report.json``, print the per-category table."""
+    write the predictions file and ``pck_report.json``, print the per-category table. A signal cuts the scoring
+    short: nothing is written, and the exit code is 128 + its number."""
     if rank.world_size > 1:
         raise ConfigError("--eval_only runs in one process; start it without torchrun")
     report = Path(args.report_out) if args.report_out else (
@@ -529,7 +541,11 @@ def evaluate_only(args, plan: Plan, device: torch.device, rank: Dist) -> int:
     amp = amp_policy(device, args.use_amp)
     plan.log()
     ours, baseline, _ = evaluate(model, split, eval_loader(split, args.eval_set, args, device), amp, device, args,
-                                 args.eval_set)
+                                 args.eval_set, stop=lambda: stopper.requested)
+    if stopper.requested:
+        log.info("stopped by %s: the evaluation was cut short and nothing was written; exit code %d",
+                 stopper.signal_name, stopper.exit_code)
+        return stopper.exit_code
     print(ours.format_table())
     print(f"copy-the-support baseline: {100 * baseline.pck():.2f}%")
     if args.predictions_out:
@@ -589,7 +605,7 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
     args, plan, device = resolve_settings(argv, rank)
     configure_backends(device, args.cudnn_benchmark, deterministic=args.cudnn_deterministic, warn_only=True)
     if args.eval_only:
-        return evaluate_only(args, plan, device, rank)
+        return evaluate_only(args, plan, device, rank, stopper)
     data = load_data(args, rank)
     total_steps = args.epochs * data.steps_per_epoch
     state, plan.decisions["backbone weights"] = build_state(args, device, rank, clock, total_steps, data.steps_per_epoch)
@@ -622,8 +638,11 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
                 checkpointer.save(state)
                 if any_rank(stopper.requested, rank):
                     return stop_run(checkpointer, state, stopper, session, rank)
-            if rank.is_main:
-                test(state, data.splits["test"], device, args, metrics, session.path)
+            if rank.is_main and not test(state, data.splits["test"], device, args, metrics, session.path, stopper):
+                log.info("stopped by %s during the test split; the training is done (checkpoint %s); exit code %d; "
+                         "resume with: %s (it runs the test)", stopper.signal_name, session.run.checkpoints()[-1],
+                         stopper.exit_code, session.resume_command)
+                return stopper.exit_code
     return 0
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
+import io
 import os
 import platform
 import re
@@ -226,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="check_gpu-") as tmp:
             work = Path(tmp)
             sudoku = work / "sudoku"
-            build_dataset(sudoku, generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
-            cape = build_cape(work / "cape-data", num_categories=10, instances_per_category=20, image_size=64, seed=0)
+            with contextlib.redirect_stdout(io.StringIO()):  # the builders' reports: one line per check here
+                build_dataset(sudoku, generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
+                cape = build_cape(work / "cape-data", num_categories=10, instances_per_category=20, image_size=64,
+                                  seed=0)
             results = run_checks(checks, Context(args.device, work, sudoku, cape), args.workers)
         failed = [name for name, result in results.items() if not passed(result)]
         print(f"{len(results) - len(failed)} of {len(results)} checks ok" + (f"; failed: {', '.join(failed)}"

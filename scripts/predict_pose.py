@@ -25,7 +25,7 @@ import models.cape.predict as predict  # noqa: E402
 from models.cape.checkpoint import load_trained  # noqa: E402
 from utils.data.mp100 import Category, Instance, skeleton_adjacency  # noqa: E402
 from utils.device import select_device  # noqa: E402
-from utils.outputs import check_writable_dir, check_writable_file, write_atomically  # noqa: E402
+from utils.outputs import check_writable_dir, check_writable_file, unused_name, write_atomically  # noqa: E402
 from utils.run.main import ArgumentParser, cli_main  # noqa: E402
 from utils.viz.pose import prediction_picture  # noqa: E402
 
@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     """
     out = Path(args.out)
     check_writable_dir(out, "--out")
-    names = ["predictions.json"] + [picture_name(i, q) for i, q in enumerate(args.query)]
+    wanted = ["predictions.json"] + [picture_name(i, q) for i, q in enumerate(args.query)]
+    names = [unused_name(out, name) for name in wanted]  # a file already in --out is kept
     for name in names:
         check_writable_file(out / name, "--out")
     if args.batch_size < 1 or args.picture_height < 32:

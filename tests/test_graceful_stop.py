@@ -1,5 +1,7 @@
-"""utils.run.stop.GracefulStop's at-once stop: a raise that Python drops is raised again."""
+"""utils.run.stop: GracefulStop's at-once stop (a raise that Python drops is raised again), and DataLoader workers
+that leave a stop to the main process."""
 
+import multiprocessing
 import os
 import signal
 import sys
@@ -7,8 +9,9 @@ import time
 import weakref
 
 import pytest
+import torch
 
-from utils.run.stop import REDELIVER_S, GracefulStop, StoppedAtOnce
+from utils.run.stop import REDELIVER_S, GracefulStop, StoppedAtOnce, quiet_worker, start_workers
 
 
 class _Collectable:
@@ -60,3 +63,35 @@ def test_outside_the_block_a_signal_asks_for_a_stop_after_the_step_and_a_second_
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1)
+
+
+class _Pids(torch.utils.data.Dataset):
+    """Each item is the pid of the worker process that produced it."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        return os.getpid()
+
+
+@pytest.mark.skipif(not hasattr(signal, "sigwaitinfo"), reason="sigwaitinfo is missing here (macOS): SIGTERM keeps its "
+                                                              "default action in workers")
+def test_a_worker_outlives_a_foreign_sigterm_and_ends_at_its_main_process_sigterm():
+    """A scheduler's SIGTERM to the group must not kill a DataLoader worker (the main process stops the run), but
+    the main process must still be able to terminate it (DataLoader shutdown, Python at exit)."""
+    loader = torch.utils.data.DataLoader(_Pids(), batch_size=1, num_workers=1, prefetch_factor=1,
+                                         worker_init_fn=quiet_worker)
+    batches = start_workers(loader)
+    pid = int(next(batches))
+    sender = os.fork()  # another process: the scheduler
+    if sender == 0:
+        os.kill(pid, signal.SIGTERM)
+        os._exit(0)
+    os.waitpid(sender, 0)
+    assert [int(b) for b in batches] == [pid] * 3  # the rest of the epoch, from the same worker after the signal
+    batches = start_workers(loader)
+    worker = next(p for p in multiprocessing.active_children() if p.pid == int(next(batches)))
+    worker.terminate()  # from this process, as DataLoader._shutdown_workers and multiprocessing at exit do
+    worker.join(timeout=60)
+    assert worker.exitcode == 0

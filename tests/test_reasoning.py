@@ -161,5 +161,5 @@ def test_without_flags_a_run_is_scored_with_its_own_evaluation_settings():
     assert from_flags(parser.parse_args([]), voting) == TestTimeCompute(4, rollouts=16, noise=0.5, seed=7, views=8)
     # no run at hand (or a reference checkpoint's defaults): the references' evaluation
     assert from_flags(parser.parse_args([])).plain
-    with pytest.raises(TestTimeComputeError, match="min_segments=0"):
+    with pytest.raises(TestTimeComputeError, match="--min-segments=0 is out of range"):  # as the user typed it
         from_flags(parser.parse_args(["--min-segments", "0"]), run)

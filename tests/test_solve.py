@@ -110,7 +110,7 @@ def test_puzzle_checks_and_one_line_errors(capsys, tmp_path):
         parse_sudoku("55" + SUDOKU[2:], "the puzzle")
     with pytest.raises(PuzzleInputError, match="row 2, column 4: 'o' is not #"):
         parse_maze(MAZE.replace("#S  #", "#S o#"), "m")
-    with pytest.raises(PuzzleInputError, match="a maze is square"):
+    with pytest.raises(PuzzleInputError, match="a maze is a square grid of at least 2x2"):
         parse_maze(MAZE + "#   #\n", "m")
     assert solve.main(["--device", "cpu", "--checkpoint", str(tmp_path), "--sudoku", SUDOKU[:80], "--out",
                        str(tmp_path / "o")]) == 2

@@ -128,7 +128,8 @@ class PretrainConfig:
         "or a step_<N>.pt")
     max_nonfinite_steps: int = setting(10, "stop after this many NaN/inf steps in a row")
     deterministic: bool = setting(
-        False, "torch.use_deterministic_algorithms: bitwise-reproducible runs (slower)")
+        False, "torch.use_deterministic_algorithms: bitwise-reproducible runs and resumes (slower); on CUDA only with "
+               "compile=false (compiled CUDA kernels are not promised bitwise; README, Resuming and failures)")
 
     device: str = setting("auto", "auto | cpu | mps | cuda | cuda:N")
     hardware: Optional[str] = setting(

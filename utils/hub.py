@@ -73,6 +73,9 @@ def _parse(spec: str) -> HfUri:
     if uri.type != "model":
         raise CheckpointError(f"{spec} names a {uri.type} repository; checkpoints are read from model repositories: "
                               "hf://owner/repo")
+    if any(part in (".", "..") for part in (uri.path_in_repo or "").split("/")):
+        raise CheckpointError(f"{spec}: a path in a repo cannot hold '.' or '..' segments; write "
+                              "hf://owner/repo/path/in/repo as the repo lists it")
     return uri
 
 

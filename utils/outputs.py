@@ -7,17 +7,26 @@ and removes a uniquely named probe in the nearest existing directory; it never t
 
 The write itself goes through :func:`write_atomically`: a temporary file beside the target, then a
 rename, so a full disk leaves the previous file (or none) and one line saying what it needed.
+
+Nothing a command did not write is overwritten, the same way in every command: a result whose file name is taken
+in the output folder (the user's file, or an earlier run's) is written beside it under the next free numbered name,
+and the command says so (:func:`unused_stem`; ``sudoku_1.png`` -> ``sudoku_1-2.png``). A file the user names
+explicitly (``--submission x.json``) is theirs to replace, and the command says that it does
+(:func:`announce_replacing`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, Sequence
 
 from utils.errors import RunFailure, UserError, first_in_chain
+
+log = logging.getLogger(__name__)
 
 
 class OutputPathError(UserError):
@@ -68,6 +77,36 @@ def _check_can_create(target: Path, directory: Path, what: str) -> None:
     except OSError as e:
         raise OutputPathError(f"{what} {target} {verb}: {existing} is not writable ({e.strerror or e}); "
                               "choose a writable location") from None
+
+
+def unused_stem(folder: str | os.PathLike, stem: str, endings: Sequence[str]) -> str:
+    """``stem``, or else ``stem-2``, ``stem-3``, ...: the first for which no ``folder/<stem><ending>`` exists, so the
+    files of one result (a picture, its GIF and strip) keep one name and overwrite nothing.
+
+    Args:
+        folder: where the files go.
+        stem: the wanted name without its ending (``sudoku_1``).
+        endings: what each file adds to the stem (``.png``, ``.gif``, ``_strip.png``).
+    """
+    folder, n, name = Path(folder), 1, stem
+    while any(os.path.lexists(folder / f"{name}{ending}") for ending in endings):
+        n += 1
+        name = f"{stem}-{n}"
+    if name != stem:
+        log.info("%s exists and is kept: this result is %s", folder / f"{stem}{endings[0]}", folder / f"{name}{endings[0]}")
+    return name
+
+
+def unused_name(folder: str | os.PathLike, name: str) -> str:
+    """``name`` (one file, ``predictions.json``), or the first free ``<stem>-N.<ending>`` (:func:`unused_stem`)."""
+    stem, dot, ending = name.rpartition(".")
+    return f"{unused_stem(folder, stem, (dot + ending,))}{dot}{ending}" if dot else unused_stem(folder, name, ("",))
+
+
+def announce_replacing(path: str | os.PathLike, flag: str) -> None:
+    """Say that ``path``, which the user named with ``flag``, exists and will be replaced (their choice)."""
+    if os.path.lexists(path):
+        log.warning("%s %s exists: replacing it, as named", flag, path)
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None], what: str) -> Path:

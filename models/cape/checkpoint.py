@@ -36,7 +36,10 @@ def load_trained(path: str | Path, map_location: str | torch.device = "cpu") -> 
         CapeModelError: the record names an unknown model or setting.
     """
     payload = safe_load(path, map_location=map_location)
-    if not isinstance(payload, dict) or "architecture" not in payload or "model" not in payload:
+    if isinstance(payload, dict) and payload.get("trainer") == "pretrain":
+        raise CheckpointError(f"{path} is an HRM/TRM checkpoint of pretrain.py, not a CAPE one; give a checkpoint of "
+                              "models.train_cape_episodic (use solve.py or evaluate.py with this one)")
+    if not isinstance(payload, dict) or "model" not in payload or "model" not in (payload.get("architecture") or {}):
         raise CheckpointError(f"{path} was not written by models.train_cape_episodic (no architecture record)")
     model, _ = build_from_record(payload["architecture"])
     try:

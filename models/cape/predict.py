@@ -185,8 +185,11 @@ def user_instance(index: int, image: str | Path, size: tuple[int, int], bbox: tu
     """
     width, height = size
     clean = clean_bbox(bbox or (0.0, 0.0, float(width), float(height)), width, height)
+    if clean is None and bbox is None:
+        raise PoseInputError(f"{what}: the image is {width} x {height} pixels; an image needs at least 2 x 2 (the "
+                             "reference's box rule keeps width - 1 by height - 1 pixels)")
     if clean is None:
-        raise PoseInputError(f"{what}: the bbox {list(bbox or ())} leaves nothing of the {width} x {height} image")
+        raise PoseInputError(f"{what}: the bbox {list(bbox)} leaves nothing of the {width} x {height} image")
     outside = np.flatnonzero(visible & ((keypoints < 0).any(1) | (keypoints[:, 0] > width) | (keypoints[:, 1] > height)))
     if len(outside):
         raise PoseInputError(f"{what}: keypoint {int(outside[0])} at {keypoints[outside[0]].tolist()} lies outside the "

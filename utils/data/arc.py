@@ -234,9 +234,15 @@ def parse_grid(value, where: str) -> np.ndarray:
     """A grid from JSON (a list of equal-length lists of ints 0..9) or an integer array, as uint8 [H, W].
 
     Raises:
-        DatasetError: ragged rows, not 2-D, empty, non-integer, larger than 30x30, or a colour outside
-            0..9; the message starts with ``where``.
+        DatasetError: ragged rows, not 2-D, empty, non-integer (JSON ``true``/``false`` included: NumPy would take
+            them as 1 and 0), larger than 30x30, or a colour outside 0..9; the message starts with ``where``.
     """
+    rows = value if isinstance(value, list) else []
+    flag = next(((r, c, x) for r, row in enumerate(rows) if isinstance(row, list)
+                 for c, x in enumerate(row) if isinstance(x, bool)), None)
+    if flag is not None:
+        raise DatasetError(f"{where}: row {flag[0] + 1}, column {flag[1] + 1}: {str(flag[2]).lower()} is not a colour; "
+                           "colours are the integers 0..9")
     try:
         arr = np.array(value)
     except ValueError:

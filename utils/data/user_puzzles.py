@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from collections import deque
 from pathlib import Path
 
@@ -73,7 +74,11 @@ def read_sudokus(spec: str) -> list[tuple[str, np.ndarray]]:
         PuzzleInputError: a malformed puzzle, an empty file, or a file that is not UTF-8 text.
     """
     path = Path(spec)
+    if path.is_dir():
+        raise PuzzleInputError(f"{spec} is a directory; give a Sudoku (81 characters) or a file of them")
     if not path.is_file():
+        if spec.endswith((".csv", ".txt")) or os.sep in spec:
+            raise PuzzleInputError(f"{spec}: no such file; give a Sudoku (81 characters) or the path of a file of them")
         return [("puzzle 1", parse_sudoku(spec, "the puzzle"))]
     try:
         text = path.read_text(encoding="utf-8")
@@ -117,8 +122,9 @@ def parse_maze(text: str, where: str) -> tuple[np.ndarray, int]:
         lines.pop()
     size = len(lines)
     if size < 2 or max(map(len, lines)) != size:
-        raise PuzzleInputError(f"{where}: {size} rows of up to {max(map(len, lines), default=0)} characters; a maze is "
-                               "square (as many rows as columns), one line per row")
+        raise PuzzleInputError(f"{where}: {size} row(s) of up to {max(map(len, lines), default=0)} characters; a maze is "
+                               "a square grid of at least 2x2 (as many rows as columns, one line per row) with one S "
+                               "and one G")
     tokens = np.full((size, size), OPEN, np.uint8)
     for r, line in enumerate(lines):
         for c, ch in enumerate(line):

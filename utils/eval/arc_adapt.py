@@ -34,7 +34,8 @@ from utils.eval.load import checkpoint_settings, load_trained, resolve_checkpoin
 from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import TestTimeCompute
 from utils.run.checkpoint import safe_load
-from utils.viz.puzzles import render_example, render_segments, save_picture, save_segments
+from utils.outputs import unused_name, unused_stem
+from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,8 @@ def solve_arc_task(args, ttc: TestTimeCompute, device: torch.device, dtype: torc
     checkpoint, note = resolve_checkpoint(args.checkpoint)
     if note:
         log.info("starting from %s", note)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    data, run = out / f"arc_{task.id}_{stamp}" / "data", out / f"arc_{task.id}_{stamp}" / "adapt"
+    work = out / unused_stem(out, f"arc_{task.id}_{time.strftime('%Y%m%d-%H%M%S')}", ("",))
+    data, run = work / "data", work / "adapt"
     write_subsets(data, [Subset("evaluation", [task], args.arc, is_test=True)], args.num_aug, 42,
                   {"dataset": "user task", "num_aug": args.num_aug, "seed": 42, "task": args.arc})
     adapt(args, task, data, run, checkpoint)
@@ -119,7 +120,8 @@ def solve_arc_task(args, ttc: TestTimeCompute, device: torch.device, dtype: torc
     metrics = evaluate_puzzles(trained.head, trained.head, PuzzleDataset(str(data), "test", args.adapt_batch_size),
                                device, Dist(), consumers=[arc, segments], ttc=ttc)
     scores, submission = arc.score()
-    write_json(out / "submission.json", submission, "ARC submission")
+    submission_path = out / unused_name(out, "submission.json")  # a file already there is kept
+    write_json(submission_path, submission, "ARC submission")
     for i, attempts in enumerate(submission[task.id]):
         truth = task.pairs["test"][i][1] if answers_known else None
         print(f"\n{task.id} test input {i + 1}:")
@@ -129,7 +131,7 @@ def solve_arc_task(args, ttc: TestTimeCompute, device: torch.device, dtype: torc
         draw(task, i, np.array(attempts["attempt_1"], np.uint8), truth, segments, out)
     if answers_known:
         print(f"\npass@2 {scores['ARC/pass@2']:.3f} (the task file holds the test outputs)")
-    print(f"segments per copy: {metrics['steps']:.1f}; submission: {out / 'submission.json'}")
+    print(f"segments per copy: {metrics['steps']:.1f}; submission: {submission_path}")
     return 0
 
 
@@ -139,7 +141,7 @@ def draw(task, i: int, attempt: np.ndarray, truth, segments: OriginalSegments, o
     inputs = grid_to_tokens(task.pairs["test"][i][0])
     answer = grid_to_tokens(attempt) if attempt.size else np.zeros_like(inputs)  # a 0x0 answer is a valid vote
     labels = grid_to_tokens(truth) if truth is not None else answer
-    stem = out / f"arc_{task.id}_test{i + 1}"
+    stem = out / unused_stem(out, f"arc_{task.id}_test{i + 1}", ANSWER_ENDINGS)
     picture = render_example("arc", inputs, labels, answer, title=f"arc · {task.id} · test input "
                              f"{i + 1} · attempt 1" + ("" if truth is not None else " (true output unknown)"))
     save_picture(picture, stem.with_suffix(".png"))

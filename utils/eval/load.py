@@ -60,8 +60,12 @@ def checkpoint_settings(path: Path, payload: dict) -> PretrainConfig:
     """The training settings stored in our checkpoint, or the reference's ``all_config.yaml`` beside it.
 
     Raises:
+        CheckpointError: a CAPE checkpoint.
         ConfigError: neither exists, or they do not validate.
     """
+    if payload.get("trainer") == "cape":
+        raise CheckpointError(f"{path} is a CAPE checkpoint of models.train_cape_episodic, not an HRM/TRM one; give "
+                              "a checkpoint of pretrain.py (use scripts/predict_pose.py with this one)")
     if isinstance(payload.get("config"), dict):
         raw = payload["config"]
     else:
@@ -125,15 +129,27 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
 
 def _data_sizes(path: Path, payload: dict, state: dict, cfg: PretrainConfig, data_path: Optional[str],
                 seq_len: Optional[int]) -> dict[str, int]:
-    """``{"seq_len", "vocab_size"}`` by the rule of :func:`load_trained`."""
+    """``{"seq_len", "vocab_size"}`` by the rule of :func:`load_trained`.
+
+    Raises:
+        ConfigError: ``data_path`` holds puzzles of other sizes than the checkpoint was trained on.
+    """
     trained_on = (cfg.data_paths_test or cfg.data_paths or [cfg.data_path])[0]
+    recorded = {k: int(payload["data"][k]) for k in ("seq_len", "vocab_size")} if isinstance(payload.get("data"), dict) \
+        else None
+    vocab = next((v.shape[0] for k, v in state.items() if k.endswith("embed_tokens.embedding_weight")), None)
     for candidate in (data_path, None, trained_on):
-        if candidate is None and isinstance(payload.get("data"), dict):
-            return {k: int(payload["data"][k]) for k in ("seq_len", "vocab_size")}
+        if candidate is None and recorded is not None:
+            return recorded
         if candidate and (Path(candidate) / "test" / "dataset.json").is_file():
             metadata = load_metadata(candidate, "test")
-            return {"seq_len": metadata.seq_len, "vocab_size": metadata.vocab_size}
-    vocab = next((v.shape[0] for k, v in state.items() if k.endswith("embed_tokens.embedding_weight")), None)
+            sizes = {"seq_len": metadata.seq_len, "vocab_size": metadata.vocab_size}
+            own = recorded or {"seq_len": sizes["seq_len"], "vocab_size": vocab or sizes["vocab_size"]}
+            if candidate == data_path and sizes != own:
+                raise ConfigError(f"the dataset {data_path} holds puzzles of {sizes['seq_len']} cells and a vocabulary "
+                                  f"of {sizes['vocab_size']}, but {path} was trained on {own['seq_len']} cells and a "
+                                  f"vocabulary of {own['vocab_size']} ({trained_on}): give the dataset it was trained on")
+            return sizes
     if seq_len is None or vocab is None:
         raise CheckpointError(f"{path} does not record its data sizes and the dataset {data_path or trained_on} is "
                               "not here; pass --data-path with the dataset it was trained on")

@@ -33,10 +33,10 @@ import torch
 
 from utils.config import SAVE_OUTPUT_KEYS
 from utils.errors import UserError
-from utils.outputs import write_atomically
+from utils.outputs import unused_name, write_atomically
 
 SAVE_KEYS = SAVE_OUTPUT_KEYS
-FILE_PATTERN = re.compile(r"step_(\d+)_all_preds\.(\d+)")
+FILE_PATTERN = re.compile(r"step_(\d+)_all_preds(?:-\d+)?\.(\d+)")  # -N: a copy kept beside a file already there
 
 
 class OutputsError(UserError):
@@ -66,8 +66,10 @@ class OutputsCollector:
                 if key in self.keys:
                     self._parts.setdefault(key, []).append(value.detach().cpu())
 
-    def save(self, directory: str | os.PathLike, step: int, rank: int) -> Path | None:
+    def save(self, directory: str | os.PathLike, step: int, rank: int, keep_existing: bool = False) -> Path | None:
         """Write ``<directory>/step_<step>_all_preds.<rank>`` atomically and start over; None when nothing was collected.
+        With ``keep_existing`` (a folder the command does not own), a file of that name already there is kept and
+        this one is ``step_<step>_all_preds-<N>.<rank>`` (:func:`utils.outputs.unused_stem`).
 
         Raises:
             OutputsError: the collected keys have different numbers of rows.
@@ -80,8 +82,10 @@ class OutputsCollector:
         if len(set(rows.values())) > 1:
             raise OutputsError(f"collected outputs disagree on the number of rows: {rows}; "
                                "update_batch() must get the same rows for every key")
-        path = write_atomically(Path(directory) / outputs_filename(step, rank), lambda f: torch.save(outputs, f),
-                                "saved outputs")
+        name = outputs_filename(step, rank)
+        if keep_existing:
+            name = unused_name(directory, name)
+        path = write_atomically(Path(directory) / name, lambda f: torch.save(outputs, f), "saved outputs")
         self._parts = {}
         return path
 

@@ -37,6 +37,8 @@ from models.act import Carry
 from utils.data.common import dihedral
 from utils.errors import UserError
 
+MAX_SEED = 2**62  # rollout k draws with seed + k in a 64-bit generator
+
 
 class TestTimeComputeError(UserError):
     """A test-time compute setting is out of range."""
@@ -70,20 +72,39 @@ class TestTimeCompute:
     keep_segments: bool = False
     views: int = 1
 
-    def check(self) -> "TestTimeCompute":
-        """Raises:
-            TestTimeComputeError: naming the setting and its range."""
+    def check(self, halt_max_steps: Optional[int] = None, names: Optional[dict[str, str]] = None) -> "TestTimeCompute":
+        """Check every setting's range (``min_segments`` against ``segments``, or without them against the model's
+        ``halt_max_steps`` when given).
+
+        Args:
+            names: how the user set each attribute, for the messages: :data:`FLAG_NAMES` (``--min-segments``) or
+                :data:`SETTING_NAMES` (``eval_min_segments``); the attribute names by default.
+
+        Raises:
+            TestTimeComputeError: naming the setting as the user set it, and its range.
+        """
+        def named(attribute: str) -> str:
+            return f"{(names or {}).get(attribute, attribute)}={getattr(self, attribute)}"
+
         if self.segments is not None and not 1 <= self.segments <= 10_000:
-            raise TestTimeComputeError(f"segments={self.segments} is out of range: 1..10000")
-        if not 1 <= self.min_segments <= (self.segments or 10_000):
-            raise TestTimeComputeError(f"min_segments={self.min_segments} is out of range: 1..segments")
+            raise TestTimeComputeError(f"{named('segments')} is out of range: 1..10000")
+        if self.min_segments < 1:
+            raise TestTimeComputeError(f"{named('min_segments')} is out of range: at least 1")
+        limit = self.segments if self.segments is not None else halt_max_steps
+        if limit is not None and self.min_segments > limit:
+            source = named("segments") if self.segments is not None else "the model's halt_max_steps"
+            more = "" if self.segments is not None else f", or set {(names or {}).get('segments', 'segments')} higher"
+            raise TestTimeComputeError(f"{named('min_segments')} is more than the {limit} segments each puzzle runs "
+                                       f"({source}): lower it{more}")
         if not 1 <= self.rollouts <= 1024:
-            raise TestTimeComputeError(f"rollouts={self.rollouts} is out of range: 1..1024")
+            raise TestTimeComputeError(f"{named('rollouts')} is out of range: 1..1024")
         if not 1 <= self.views <= 8:
-            raise TestTimeComputeError(f"views={self.views} is out of range: 1..8 (the dihedral transforms of a square)")
+            raise TestTimeComputeError(f"{named('views')} is out of range: 1..8 (the dihedral transforms of a square)")
         if not (0 <= self.noise <= 100) or (self.rollouts > 1 and self.noise == 0):
-            raise TestTimeComputeError(f"noise={self.noise} is out of range: a finite std in (0, 100] when rollouts > 1 "
+            raise TestTimeComputeError(f"{named('noise')} is out of range: a finite std in (0, 100] when rollouts > 1 "
                                        "(identical rollouts would add nothing), 0..100 otherwise")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise TestTimeComputeError(f"{named('seed')} is out of range: 0..{MAX_SEED}")
         return self
 
     @classmethod
@@ -232,6 +253,11 @@ def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestT
 
 
 TEST_TIME_FLAGS = ("segments", "early_exit", "min_segments", "rollouts", "noise", "views")
+# How a user sets each TestTimeCompute attribute: as flags of evaluate.py and solve.py, or as a run's settings.
+FLAG_NAMES = {"segments": "--segments", "min_segments": "--min-segments", "rollouts": "--rollouts", "noise": "--noise",
+              "views": "--views", "seed": "--rollout-seed"}
+SETTING_NAMES = {"segments": "eval_halt_max_steps", "min_segments": "eval_min_segments", "rollouts": "eval_rollouts",
+                 "noise": "eval_noise", "views": "eval_views", "seed": "seed"}
 
 
 def add_test_time_arguments(parser) -> None:
@@ -269,11 +295,14 @@ def test_time_compute(args, run_cfg=None, keep_segments: bool = False) -> TestTi
     Raises:
         TestTimeComputeError: a value out of range.
     """
+    halt_max_steps = getattr(run_cfg, "arch", {}).get("halt_max_steps")
     if run_cfg is not None and all(getattr(args, flag) is None for flag in TEST_TIME_FLAGS):
         ttc = TestTimeCompute.of_run(run_cfg, keep_segments)
-        return (ttc if args.rollout_seed is None else dataclasses.replace(ttc, seed=args.rollout_seed)).check()
+        if args.rollout_seed is None:
+            return ttc.check(halt_max_steps, SETTING_NAMES)
+        return dataclasses.replace(ttc, seed=args.rollout_seed).check(halt_max_steps, SETTING_NAMES | {"seed": "--rollout-seed"})
     rollouts = 1 if args.rollouts is None else args.rollouts
     noise = args.noise if args.noise is not None else (1.0 if rollouts > 1 else 0.0)
     return TestTimeCompute(args.segments, bool(args.early_exit), 1 if args.min_segments is None else args.min_segments,
                            rollouts, noise, args.rollout_seed or 0, keep_segments,
-                           1 if args.views is None else args.views).check()
+                           1 if args.views is None else args.views).check(halt_max_steps, FLAG_NAMES)

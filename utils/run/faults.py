@@ -10,8 +10,8 @@ begins, so a graceful stop comes right after step STEP; in the first step of a p
 at once), ``eval`` (pretrain.py's evaluation at step STEP), ``val`` and ``test`` (the CAPE trainer's validation and
 test split, run at step STEP); the evaluation points fire after the evaluation's first batch, when DataLoader
 workers are running. SIGNAL is a name such as SIGTERM, SIGINT or SIGKILL. With ``group`` the signal goes to the
-process group (as ``kill -- -PGID``, ``timeout`` and batch schedulers send it), else to this process alone. It is
-sent once, from the process of rank 0 (the only process without torchrun).
+process group from a process of its own (as ``kill -- -PGID``, ``timeout`` and batch schedulers send it), else to
+this process alone. It is sent once, from the process of rank 0 (the only process without torchrun).
 
 A test that stops a run this way stops it at the step it chose, whatever the device's pace: a step of a tiny model
 takes milliseconds on a GPU, and a test that waited for a file to appear before signalling could see the run end
@@ -82,10 +82,17 @@ def reach(point: str, step: int) -> None:
     if plan is None or (plan.point, plan.step) != (point, step) or plan in _sent:
         return
     _sent.add(plan)
-    if plan.group:
-        os.killpg(os.getpgrp(), plan.signum)
-    else:
+    if not plan.group:
         os.kill(os.getpid(), plan.signum)
+        return
+    # From another process, as a scheduler sends it: a DataLoader worker treats a SIGTERM from its parent (this
+    # process) as a request to exit quietly, but dies of one from anyone else.
+    child = os.fork()
+    if child == 0:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {plan.signum})  # the sender is in the group too: not its business
+        os.killpg(os.getpgrp(), plan.signum)
+        os._exit(0)
+    os.waitpid(child, 0)
 
 
 class ReachOnFirstBatch:

@@ -266,9 +266,11 @@ class RunDirectory:
         return [self.path / name for name in self.manifest["checkpoints"] if (self.path / name).is_file()]
 
     def abandon(self) -> None:
-        """Undo a fresh run that failed before its first checkpoint: remove the run files it created (and the
-        directory, when it created it and it is left empty), so the corrected command can start there."""
-        if not self.fresh or self.written:
+        """Undo a fresh run that failed before its first checkpoint and before it logged a step: remove the run
+        files it created (and the directory, when it created it and it is left empty), so the corrected command can
+        start there. A run that logged a finished step keeps its directory (its metrics say what it did)."""
+        metrics = self.path / "metrics.jsonl"
+        if not self.fresh or self.written or (metrics.is_file() and metrics.stat().st_size > 0):
             return
         for name in _run_outputs(self.path):
             if name not in self._before:

@@ -1,5 +1,13 @@
 """Graceful stop on SIGINT/SIGTERM, shared by both trainers, and the exit code that tells a job scheduler so.
 
+DataLoader workers leave the stopping to the main process: a scheduler's signal goes to the whole process group
+(``kill -- -PGID``, ``timeout``, Slurm), and a worker that died of it, or ran the trainer's handler it inherited,
+turned a graceful stop into a crash. The workers start with SIGINT and SIGTERM held (:func:`start_workers`); then
+(:func:`quiet_worker`, their ``worker_init_fn``) they ignore SIGINT, and a thread of theirs takes each SIGTERM with
+its sender: one from the main process (the DataLoader shutting its workers down, as torch's own worker handler
+allows) ends the worker, any other is left to the main process. Ignoring SIGTERM outright would leave a worker that
+the DataLoader, or Python at exit, can no longer terminate.
+
 A run stopped by a signal checkpoints, then exits with ``128 + the signal's number`` (130 for SIGINT, 143 for
 SIGTERM), the shell's convention for "ended by a signal": a scheduler sees a non-zero code and can requeue the
 job, which continues with ``resume=auto``. A run exits 0 only when it finished its schedule.
@@ -17,9 +25,10 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import os
 import signal
 import threading
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from tqdm import tqdm
 
@@ -109,3 +118,37 @@ class GracefulStop:
         timer = threading.Timer(REDELIVER_S, again)
         timer.daemon = True
         timer.start()
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def quiet_worker(worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``: this worker leaves a stop to the main process, which stops the run and then
+    shuts its workers down (see the module docstring). Where ``sigwaitinfo`` is missing (macOS), SIGTERM keeps its
+    default action."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "sigwaitinfo"):  # SIGTERM stays held in every thread: the thread below takes it
+        threading.Thread(target=_end_when_the_main_process_asks, args=(os.getppid(),), daemon=True).start()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    else:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _end_when_the_main_process_asks(main_pid: int) -> None:
+    """Take this worker's SIGTERMs: one sent by the main process ends the worker at once (torch's rule for its
+    workers); one from anyone else is the main process's to act on."""
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == main_pid:
+            os._exit(0)
+
+
+def start_workers(loader: Iterable) -> Iterator:
+    """``iter(loader)``, with SIGINT and SIGTERM held while its worker processes start: a signal sent to the group
+    meanwhile reaches the main process right after (its handler runs then), and no worker before
+    :func:`quiet_worker`. A loader without workers is iterated as it is."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -498,6 +498,9 @@ def save_picture(image: Image.Image, path: Path, image_format: str = "PNG", **op
     return write_atomically(path, lambda f: image.save(f, format=image_format, **options), "picture")
 
 
+ANSWER_ENDINGS = (".png", ".gif", "_strip.png")  # what an answer's stem gets: its picture, then save_segments' files
+
+
 def save_segments(frames: list[Image.Image], path_stem: str | os.PathLike) -> tuple[Path, Path]:
     """Write :func:`render_segments` frames as ``<path_stem>.gif`` and ``<path_stem>_strip.png``.
 
