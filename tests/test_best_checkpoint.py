@@ -8,19 +8,20 @@ import pytest
 import evaluate
 import pretrain
 from tests.test_resume import TINY
+from utils.run import puzzle_trainer
 from utils.run.checkpoint import safe_load
 
 
 @pytest.mark.slow
 def test_best_pt_holds_the_better_evaluation_and_evaluate_uses_it(sudoku_dir, tmp_path, monkeypatch, capsys, caplog):
-    real, scores = pretrain.evaluate, iter([0.5, 0.25, 0.375])  # improves, does not, does not
+    real, scores = puzzle_trainer.evaluate, iter([0.5, 0.25, 0.375])  # improves, does not, does not
 
     def scripted(*args, **kwargs):
         results = real(*args, **kwargs)
         results["exact_accuracy"] = next(scores)
         return results
 
-    monkeypatch.setattr(pretrain, "evaluate", scripted)
+    monkeypatch.setattr(puzzle_trainer, "evaluate", scripted)
     run = tmp_path / "run"
     argv = ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", f"checkpoint_path={run}", *TINY, "epochs=6",
             "eval_interval=2", "keep_last_checkpoints=1"]

@@ -27,6 +27,7 @@ from utils.data.puzzle_dataset import DatasetError
 from utils.data.synthetic_cape import build as build_cape
 from utils.eval import puzzle as puzzle_mod
 from utils.eval.outputs import FILE_PATTERN, load_outputs
+from utils.run import puzzle_trainer
 from utils.run.checkpoint import CheckpointError, safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,7 +126,7 @@ def test_03_to_06_a_signal_to_the_group_with_workers_stops_gracefully(cape_data,
 def test_03_a_run_that_crashed_after_logging_a_step_keeps_its_directory(sudoku_dir, tmp_path, monkeypatch):
     """A crash (a bug, a killed worker) before the first checkpoint: the directory of a run that had logged a step
     is kept, its metrics in it; one that had logged nothing is removed, so the corrected command can start there."""
-    real, calls = pretrain.train_step, {"n": 0}
+    real, calls = puzzle_trainer.train_step, {"n": 0}
 
     def crashing(*args, **kwargs):
         calls["n"] += 1
@@ -133,7 +134,7 @@ def test_03_a_run_that_crashed_after_logging_a_step_keeps_its_directory(sudoku_d
             raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(pretrain, "train_step", crashing)
+    monkeypatch.setattr(puzzle_trainer, "train_step", crashing)
     run = tmp_path / "run"
     with pytest.raises(RuntimeError):
         pretrain.main([*BASE, f"data_path={sudoku_dir}", f"checkpoint_path={run}", "log_interval=2"])

@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 import evaluate
 import pretrain
 from utils.distributed import Dist
+from utils.run import puzzle_trainer
 from utils.run.checkpoint import safe_load
 
 TINY_ARCH = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
@@ -108,5 +109,5 @@ def test_build_data_builds_the_recipe_dataset_where_asked(tmp_path):
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "config").glob("*.yaml")))
 def test_every_recipe_resolves(name):
-    setup = pretrain.resolve_setup(pretrain.parse_args([f"--config-name={name}", "device=cpu"]), Dist())
+    setup = puzzle_trainer.resolve_setup(puzzle_trainer.parse_args([f"--config-name={name}", "device=cpu"]), Dist())
     assert setup.cfg.data_paths and setup.arch["name"] in ("hrm_v1", "trm") and setup.cfg.epochs % setup.cfg.eval_interval == 0

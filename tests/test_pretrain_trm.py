@@ -17,9 +17,11 @@ import pretrain
 from models import build_model, validate_arch
 from models.checkpoints import reference_state_dict, strip_reference_prefix
 from tests.conftest import child_env, make_sudoku, signal_at
+from utils.config import ConfigError
 from utils.data.arc import build_arc_dataset
 from utils.data.puzzle_dataset import PuzzleDataset
 from utils.distributed import Dist
+from utils.run import puzzle_trainer
 from utils.run.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,7 +88,7 @@ def test_load_checkpoint_from_the_trm_repo_resizes_the_puzzle_embedding_and_free
         sudoku_dir, tmp_path, caplog):
     # A checkpoint as the TRM repository writes it: the compiled loss head's bare state dict, in a file named
     # step_<N> with no extension, from a run with another number of puzzle identifiers.
-    setup = pretrain.resolve_setup(pretrain.parse_args(trm(sudoku_dir, tmp_path / "x")), Dist())
+    setup = puzzle_trainer.resolve_setup(puzzle_trainer.parse_args(trm(sudoku_dir, tmp_path / "x")), Dist())
     torch.manual_seed(7)
     donor = build_model(validate_arch(setup.cfg.arch), batch_size=16, seq_len=81, vocab_size=11, num_puzzle_identifiers=5,
                         dtype=torch.float32, device="cpu")
@@ -123,12 +125,12 @@ def test_several_datasets_keep_puzzle_identifiers_unique(tmp_path_factory, sudok
 
 def test_data_path_and_data_paths_resolve_by_layer():
     args = ["--config-name=cfg_pretrain_trm_sudoku_mlp", "device=cpu"]
-    setup = pretrain.resolve_setup(pretrain.parse_args(args), Dist())
+    setup = puzzle_trainer.resolve_setup(puzzle_trainer.parse_args(args), Dist())
     assert setup.cfg.data_paths == ["data/sudoku-extreme-1k-aug-1000"] == [setup.cfg.data_path]
-    setup = pretrain.resolve_setup(pretrain.parse_args([*args, "data_path=data/mine"]), Dist())
+    setup = puzzle_trainer.resolve_setup(puzzle_trainer.parse_args([*args, "data_path=data/mine"]), Dist())
     assert setup.cfg.data_paths == ["data/mine"]  # the command line's data_path beats the recipe's data_paths
-    with pytest.raises(pretrain.ConfigError, match="sets both data_path and data_paths"):
-        pretrain.resolve_setup(pretrain.parse_args([*args, "data_path=a", "data_paths=[b]"]), Dist())
+    with pytest.raises(ConfigError, match="sets both data_path and data_paths"):
+        puzzle_trainer.resolve_setup(puzzle_trainer.parse_args([*args, "data_path=a", "data_paths=[b]"]), Dist())
 
 
 def test_evaluations_vote_over_dihedral_views_and_evaluate_scores_the_same(sudoku_dir, tmp_path, capsys):

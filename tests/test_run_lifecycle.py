@@ -20,10 +20,13 @@ from tests.conftest import child_env, signal_at
 from utils.distributed import Dist
 from utils.run import checkpoint as checkpoint_mod
 from utils.run import estimate as estimate_mod
+from utils.run import puzzle_trainer
 from utils.run import run_dir as run_dir_mod
 from utils.run.checkpoint import safe_load
 from utils.run.metrics import MetricsWriter
 from utils.run.schedule import LRSchedule
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1",
         "arch.halt_max_steps=2", "arch.expansion=2", "global_batch_size=16", "epochs=4", "eval_interval=2",
@@ -224,7 +227,7 @@ def test_a_nonfinite_carry_row_is_reset_and_training_goes_on(sudoku_dir, tmp_pat
 # ---- settings layers ----------------------------------------------------------------------------------------
 
 def setup_for(*argv):
-    return pretrain.resolve_setup(pretrain.parse_args(list(argv)), Dist())
+    return puzzle_trainer.resolve_setup(puzzle_trainer.parse_args(list(argv)), Dist())
 
 
 def test_settings_merge_defaults_profile_recipe_command_line(caplog):
@@ -357,7 +360,7 @@ def test_a_stop_during_the_first_step_acts_at_once_and_the_length_is_told(sudoku
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "pretrain.py", "--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}",
                            f"checkpoint_path={run}", *[t for t in TINY if t != "compile=false"], "compile=true"],
-                          cwd=Path(pretrain.__file__).parent, capture_output=True, text=True, timeout=300,
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env=child_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
                                         **signal_at("train", 1, "SIGTERM")))
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr

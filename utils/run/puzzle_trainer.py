@@ -1,8 +1,8 @@
-"""Train HRM or TRM on a puzzle dataset (Sudoku, mazes, ARC) on CUDA, Apple Silicon or CPU.
+"""The HRM/TRM trainer: train on a puzzle dataset (Sudoku, mazes, ARC) on CUDA, Apple Silicon or CPU.
 
-    python pretrain.py --config-name=cfg_pretrain_cpu
-    python pretrain.py --config-name=cfg_pretrain_apple_silicon lr=1e-4 arch.halt_max_steps=8
+    python pretrain.py --config-name=cfg_pretrain_cpu                       # the script calls main() here
     torchrun --nproc-per-node 8 pretrain.py --config-name=cfg_pretrain data_path=data/sudoku-extreme-1k-aug-1000
+    puzzle_trainer.main(["--config-name=cfg_pretrain", "data_path=...", ...])   # in a process: ARC adaptation
 
 The loop follows the reference HRM (docs/REFERENCE.md, HRM): the ACT carry persists across
 optimizer steps, AdamATan2 trains the weights and sign-SGD the puzzle embedding, the lr warms up
@@ -65,6 +65,7 @@ log = logging.getLogger("pretrain")
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ArgumentParser(
+        prog="pretrain.py",
         description="Train HRM or TRM on a puzzle dataset. Settings come from config/<NAME>.yaml and key=value "
                     "overrides, merged in the order: defaults, hardware profile, the YAML recipe, the command line.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
