@@ -20,6 +20,7 @@ from tests.conftest import child_env, signal_at
 from utils.distributed import Dist
 from utils.run import checkpoint as checkpoint_mod
 from utils.run import estimate as estimate_mod
+from utils.run import faults
 from utils.run import puzzle_trainer
 from utils.run import run_dir as run_dir_mod
 from utils.run.checkpoint import safe_load
@@ -385,6 +386,27 @@ def test_the_length_is_told_again_from_timed_steps_and_the_first_step_apart(monk
     assert lines[0].startswith("compiling the training step: the first step builds its kernels")
     assert lines[1] == "compiling the training step and running it took 60 s"
     assert lines[2] == ("measured: steps 2-102 took 13 ms each (median; 76.9 steps/s); the rest of the schedule (4116 "
-                        "steps): about 54 s at this pace, evaluations not counted; the FLOP estimate said 16 s: here "
-                        "the steps wait on kernel launches and host work, not on FLOPs")
+                        "steps): about 54 s at this pace, evaluations not counted; the FLOP estimate said 16 s: these "
+                        "steps are bound by more than their FLOPs (for a small model on a GPU, kernel launches and "
+                        "host work)")
     assert len(lines) == 3  # told once
+
+
+@pytest.mark.parametrize("value,expected", [("train:12:SIGKILL", ("train", 12, signal.SIGKILL, False)),
+                                            ("val:4:term:group", ("val", 4, signal.SIGTERM, True))])
+def test_a_signal_point_names_where_which_step_which_signal_and_whom(value, expected):
+    plan = faults.parse(value)
+    assert (plan.point, plan.step, plan.signum, plan.group) == expected
+
+
+@pytest.mark.parametrize("value", ["train", "train:x:SIGTERM", "fit:3:SIGTERM", "train:3:SIGNOPE", "train:3:TERM:all"])
+def test_a_malformed_signal_point_is_one_line_before_any_work(sudoku_dir, tmp_path, monkeypatch, capsys, value):
+    monkeypatch.setenv("RUN_SIGNAL_AT", value)
+    faults.planned.cache_clear()
+    try:
+        assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'run'}") == 2
+    finally:
+        monkeypatch.delenv("RUN_SIGNAL_AT")
+        faults.planned.cache_clear()
+    assert f"RUN_SIGNAL_AT={value!r} is not POINT:STEP:SIGNAL[:group]" in one_error_line(capsys)
+    assert not (tmp_path / "run").exists()

@@ -139,8 +139,8 @@ class StepPace:
             return
         per_step, rest = statistics.median(self._seconds), self.total_steps - step
         bound = "" if per_step * rest < 2 * self.flop_seconds else (
-            f"; the FLOP estimate said {duration(self.flop_seconds)}: here the steps wait on kernel launches and host "
-            "work, not on FLOPs")
+            f"; the FLOP estimate said {duration(self.flop_seconds)}: these steps are bound by more than their FLOPs "
+            "(for a small model on a GPU, kernel launches and host work)")
         self.report("measured: steps %d-%d took %.3g ms each (median; %.3g steps/s); the rest of the schedule (%d "
                     "steps): about %s at this pace, evaluations not counted%s", step - n + 1, step, 1e3 * per_step,
                     1 / per_step, rest, duration(per_step * rest), bound)
