@@ -192,8 +192,8 @@ def run_checks(checks: list[Check], ctx: Context, workers: int) -> dict[str, str
                     results[check.name] = f"{type(e).__name__}: {e}"
                 result, took = results[check.name], time.perf_counter() - started
                 note = f": {result}" if result else ""
-                print(f"{'ok     ' if passed(result) else 'FAILED '} {check.name:<10} {check.what} ({took:.0f} s){note}",
-                      flush=True)
+                status = "ok     " if passed(result) else "FAILED "
+                print(f"{status} {check.name:<10} {check.what} ({took:.0f} s){note}", flush=True)
     return results
 
 

@@ -50,7 +50,8 @@ def parse(value: str) -> SignalAt:
         UserError: a malformed value, with the form it should have.
     """
     parts = value.split(":")
-    form = f"{ENV}={value!r} is not POINT:STEP:SIGNAL[:group] (e.g. train:100:SIGTERM; POINT one of {', '.join(POINTS)})"
+    form = (f"{ENV}={value!r} is not POINT:STEP:SIGNAL[:group] (e.g. train:100:SIGTERM; POINT one of "
+            f"{', '.join(POINTS)})")
     if len(parts) not in (3, 4) or parts[0] not in POINTS or not parts[1].isdigit() or parts[3:] not in ([], ["group"]):
         raise UserError(form)
     name = parts[2].upper()
