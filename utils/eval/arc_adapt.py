@@ -6,9 +6,9 @@ training under the same puzzle identifiers):
 1. the task becomes a one-task dataset (utils/data/arc.write_subsets): its demonstration pairs, in ``num_aug``
    augmented copies (dihedral transform and colour permutation), train; its test inputs, in the same copies, are
    the test split;
-2. ``pretrain.py`` adapts the checkpoint to it for ``adapt_steps`` steps: ``load_checkpoint`` starts every new
-   puzzle-embedding row as the checkpoint's mean row (TRM's rule), and ``freeze_weights=true`` trains that embedding
-   only (``--adapt-all`` trains every weight);
+2. the trainer of ``pretrain.py`` (utils/run/puzzle_trainer.py) adapts the checkpoint to it for ``adapt_steps``
+   steps: ``load_checkpoint`` starts every new puzzle-embedding row as the checkpoint's mean row (TRM's rule), and
+   ``freeze_weights=true`` trains that embedding only (``--adapt-all`` trains every weight);
 3. the adapted model answers every copy of each test input under the test-time compute policy, and the published
    voting (utils/eval/arc.py: undo each copy's augmentation, rank distinct answers by votes, then mean
    ``sigmoid(q_halt)``) picks two attempts per test input for ``submission.json``.
@@ -20,12 +20,13 @@ import json
 import logging
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from utils.data.arc import Subset, fill_missing_outputs, grid_to_tokens, parse_task, write_subsets
+from utils.data.arc import ArcTask, Subset, fill_missing_outputs, grid_to_tokens, parse_task, write_subsets
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset
 from utils.distributed import Dist
 from utils.errors import RunFailure
@@ -33,6 +34,7 @@ from utils.eval.arc import ARC, write_json
 from utils.eval.load import checkpoint_settings, load_trained, resolve_checkpoint
 from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import TestTimeCompute
+from utils.run import puzzle_trainer
 from utils.run.checkpoint import safe_load
 from utils.outputs import unused_name, unused_stem
 from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
@@ -54,17 +56,27 @@ def read_task(path: Path):
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise DatasetError(f"{path}: cannot be read as a JSON task ({e}); give a file in the ARC Prize format") from None
+    return task_from_json(raw, path.stem, str(path))
+
+
+def task_from_json(raw, name: str, where: str):
+    """The task ``raw`` (an ARC Prize task, test outputs optional) holds, named ``name``, and whether it holds the test
+    outputs.
+
+    Raises:
+        DatasetError: not a task (named by ``where``, the pair and the grid at fault).
+    """
     answers_known = isinstance(raw, dict) and not fill_missing_outputs(raw)
-    return parse_task(path.stem, raw, str(path)), answers_known
+    return parse_task(name, raw, where), answers_known
 
 
 def adapt(args, task, data: Path, run: Path, checkpoint: Path) -> None:
-    """Run ``pretrain.py`` on the task's dataset from ``checkpoint`` for ``args.adapt_steps`` steps.
+    """Train on the task's dataset from ``checkpoint`` for ``args.adapt_steps`` steps (the trainer of pretrain.py, in
+    this process).
 
     Raises:
         AdaptationError: the run exited with a non-zero code (its error is printed above).
     """
-    import pretrain  # the trainer, in this process
 
     cfg = checkpoint_settings(checkpoint, safe_load(checkpoint))
     arch = {k: v for k, v in cfg.arch.items() if not isinstance(v, (dict, list))}
@@ -80,7 +92,7 @@ def adapt(args, task, data: Path, run: Path, checkpoint: Path) -> None:
                  f"forward_dtype={args.forward_dtype}", "evaluators=[]", "compile=false"]  # too short to repay compiling
     log.info("adapting %s to %s: %d steps of %d examples (%s)", checkpoint, task.id, args.adapt_steps,
              args.adapt_batch_size, "every weight" if args.adapt_all else "the puzzle embedding")
-    code = pretrain.main(["--config-name=cfg_pretrain", *overrides])
+    code = puzzle_trainer.main(["--config-name=cfg_pretrain", *overrides])
     if code != 0:
         raise AdaptationError(f"adapting to {task.id} stopped with exit code {code} (its error is above)")
 
@@ -97,6 +109,51 @@ class OriginalSegments:
             self.rows.append((batch["inputs"][i], preds["segment_preds"][i], preds["segment_q_halt"][i]))
 
 
+@dataclass
+class ArcResult:
+    """A task adapted to and answered: the ``submission`` (ARC Prize format) written to ``submission_path``, the
+    ``scores`` (pass@K; meaningful when the task file holds the test outputs, ``answers_known``), the mean
+    ``segments`` per copy, and every segment's answer of the task's un-augmented copies (``original``)."""
+
+    task: ArcTask
+    answers_known: bool
+    submission: dict
+    submission_path: Path
+    scores: dict
+    segments: float
+    original: OriginalSegments
+
+
+def adapt_and_answer(task: ArcTask, answers_known: bool, source: str, args, ttc: TestTimeCompute,
+                     device: torch.device, dtype: torch.dtype, out: Path) -> ArcResult:
+    """Augment ``task`` into a dataset under ``out``, adapt ``args.checkpoint`` to it (``args.adapt_steps``,
+    ``args.adapt_batch_size``, ``args.adapt_all``, ``args.num_aug``), answer every copy of each test input under
+    ``ttc``, vote, and write the submission (beside any file already there).
+
+    Raises:
+        CheckpointError: a bad checkpoint. AdaptationError: the adaptation failed.
+    """
+    checkpoint, note = resolve_checkpoint(args.checkpoint)
+    if note:
+        log.info("starting from %s", note)
+    work = out / unused_stem(out, f"arc_{task.id}_{time.strftime('%Y%m%d-%H%M%S')}", ("",))
+    data, run = work / "data", work / "adapt"
+    write_subsets(data, [Subset("evaluation", [task], source, is_test=True)], args.num_aug, 42,
+                  {"dataset": "user task", "num_aug": args.num_aug, "seed": 42, "task": source})
+    adapt(args, task, data, run, checkpoint)
+
+    trained = load_trained(str(run), device, dtype, args.adapt_batch_size, data_path=str(data))
+    arc = ARC(data)
+    names = json.loads((data / "identifiers.json").read_text())
+    original = OriginalSegments(names.index(task.id))
+    metrics = evaluate_puzzles(trained.head, trained.head, PuzzleDataset(str(data), "test", args.adapt_batch_size),
+                               device, Dist(), consumers=[arc, original], ttc=ttc)
+    scores, submission = arc.score()
+    submission_path = out / unused_name(out, "submission.json")  # a file already there is kept
+    write_json(submission_path, submission, "ARC submission")
+    return ArcResult(task, answers_known, submission, submission_path, scores, metrics["steps"], original)
+
+
 def solve_arc_task(args, ttc: TestTimeCompute, device: torch.device, dtype: torch.dtype, out: Path) -> int:
     """``solve.py --arc``: adapt, answer, vote; print the attempts and write ``submission.json`` and the pictures.
 
@@ -104,34 +161,17 @@ def solve_arc_task(args, ttc: TestTimeCompute, device: torch.device, dtype: torc
         DatasetError: a bad task file. CheckpointError: a bad checkpoint. AdaptationError: the adaptation failed.
     """
     task, answers_known = read_task(Path(args.arc))
-    checkpoint, note = resolve_checkpoint(args.checkpoint)
-    if note:
-        log.info("starting from %s", note)
-    work = out / unused_stem(out, f"arc_{task.id}_{time.strftime('%Y%m%d-%H%M%S')}", ("",))
-    data, run = work / "data", work / "adapt"
-    write_subsets(data, [Subset("evaluation", [task], args.arc, is_test=True)], args.num_aug, 42,
-                  {"dataset": "user task", "num_aug": args.num_aug, "seed": 42, "task": args.arc})
-    adapt(args, task, data, run, checkpoint)
-
-    trained = load_trained(str(run), device, dtype, args.adapt_batch_size, data_path=str(data))
-    arc = ARC(data)
-    names = json.loads((data / "identifiers.json").read_text())
-    segments = OriginalSegments(names.index(task.id))
-    metrics = evaluate_puzzles(trained.head, trained.head, PuzzleDataset(str(data), "test", args.adapt_batch_size),
-                               device, Dist(), consumers=[arc, segments], ttc=ttc)
-    scores, submission = arc.score()
-    submission_path = out / unused_name(out, "submission.json")  # a file already there is kept
-    write_json(submission_path, submission, "ARC submission")
-    for i, attempts in enumerate(submission[task.id]):
+    result = adapt_and_answer(task, answers_known, args.arc, args, ttc, device, dtype, out)
+    for i, attempts in enumerate(result.submission[task.id]):
         truth = task.pairs["test"][i][1] if answers_known else None
         print(f"\n{task.id} test input {i + 1}:")
         for name, grid in attempts.items():
             mark = "" if truth is None else (" (right)" if np.array_equal(np.array(grid), truth) else " (wrong)")
             print(f"{name}{mark}:\n" + "\n".join("".join(map(str, row)) for row in grid))
-        draw(task, i, np.array(attempts["attempt_1"], np.uint8), truth, segments, out)
+        draw(task, i, np.array(attempts["attempt_1"], np.uint8), truth, result.original, out)
     if answers_known:
-        print(f"\npass@2 {scores['ARC/pass@2']:.3f} (the task file holds the test outputs)")
-    print(f"segments per copy: {metrics['steps']:.1f}; submission: {submission_path}")
+        print(f"\npass@2 {result.scores['ARC/pass@2']:.3f} (the task file holds the test outputs)")
+    print(f"segments per copy: {result.segments:.1f}; submission: {result.submission_path}")
     return 0
 
 

@@ -86,6 +86,8 @@ class GracefulStop:
         return signal_exit_code(number)
 
     def __enter__(self) -> "GracefulStop":
+        if threading.current_thread() is not threading.main_thread():
+            return self  # a run inside a thread (the page's ARC adaptation): the process's own handlers stay in charge
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

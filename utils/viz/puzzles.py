@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import html
+import io
 import json
 import math
 import os
@@ -501,11 +502,25 @@ def save_picture(image: Image.Image, path: Path, image_format: str = "PNG", **op
 ANSWER_ENDINGS = (".png", ".gif", "_strip.png")  # what an answer's stem gets: its picture, then save_segments' files
 
 
+def segments_gif(frames: list[Image.Image]) -> bytes:
+    """:func:`render_segments` frames as an animated GIF: FRAME_MS milliseconds a frame and LAST_FRAME_MS on the last
+    (the answer the model gives), looping forever.
+
+    Raises:
+        VisualizationError: no frames.
+    """
+    if not frames:
+        raise VisualizationError("no segment frames to save")
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:],
+                   duration=[FRAME_MS] * (len(frames) - 1) + [LAST_FRAME_MS], loop=0)
+    return buffer.getvalue()
+
+
 def save_segments(frames: list[Image.Image], path_stem: str | os.PathLike) -> tuple[Path, Path]:
     """Write :func:`render_segments` frames as ``<path_stem>.gif`` and ``<path_stem>_strip.png``.
 
-    The GIF loops forever, FRAME_MS milliseconds a frame and LAST_FRAME_MS on the last (the answer the
-    model gives). The strip puts the frames side by side, STRIP_GAP pixels apart, scaled down to
+    The GIF is :func:`segments_gif`'s. The strip puts the frames side by side, STRIP_GAP pixels apart, scaled down to
     STRIP_MAX_WIDTH pixels when wider. Each file is written whole or not at all.
 
     Args:
@@ -517,12 +532,9 @@ def save_segments(frames: list[Image.Image], path_stem: str | os.PathLike) -> tu
         VisualizationError: no frames.
         OutputWriteError: a write failed (full disk, ...); that file is left as it was.
     """
-    if not frames:
-        raise VisualizationError("no segment frames to save")
     path_stem = Path(path_stem)
-    durations = [FRAME_MS] * (len(frames) - 1) + [LAST_FRAME_MS]
-    gif = save_picture(frames[0], path_stem.with_name(f"{path_stem.name}.gif"), "GIF", save_all=True,
-                        append_images=frames[1:], duration=durations, loop=0)
+    gif = write_atomically(path_stem.with_name(f"{path_stem.name}.gif"), lambda f: f.write(segments_gif(frames)),
+                           "picture")
     width = sum(f.width for f in frames) + STRIP_GAP * (len(frames) - 1)
     strip = Image.new("RGB", (width, max(f.height for f in frames)), WHITE)
     for i, frame in enumerate(frames):
