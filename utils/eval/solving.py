@@ -74,8 +74,8 @@ def bundled_checkpoint(task: str) -> Path:
                                f"{' and '.join(what for _, what in BUNDLED.values())}): give --checkpoint")
     path = BUNDLED_DIR / BUNDLED[task][0]
     if not path.is_file():
-        raise PuzzleInputError(f"the bundled model for {BUNDLED[task][1]} is missing ({path}): restore it with "
-                               "`git checkout -- models/pretrained`, or give --checkpoint")
+        raise PuzzleInputError(f"the bundled model for {BUNDLED[task][1]} is missing ({path}): give --checkpoint "
+                               "(scripts/bundle_model.py makes one from a run)")
     return path
 
 
