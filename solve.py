@@ -30,7 +30,6 @@ import torch
 from utils.config import ConfigError
 from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku
 from utils.device import select_device, select_dtype
-from utils.eval.arc_adapt import solve_arc_task
 from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.eval.solving import TASK_SEQ_LEN, Answer, answer, open_model, read_puzzles
 from utils.outputs import check_writable_dir, unused_stem
@@ -95,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
 
         return serve(args, device, dtype, out)
     if args.arc is not None:
+        from utils.eval.arc_adapt import solve_arc_task  # the trainer, only for ARC: a Sudoku answers sooner
+
         check_adaptable(args)
         return solve_arc_task(args, ttc, device, dtype, out)
     task = "sudoku" if args.sudoku is not None else "maze"

@@ -11,7 +11,6 @@ from typing import Optional
 
 import torch
 
-from utils.hub import resolve_checkpoint
 from utils.run.checkpoint import CheckpointError, safe_load
 
 REFERENCE_KEY_PREFIX = "_orig_mod.model."
@@ -74,6 +73,8 @@ def load_pretrained(head: torch.nn.Module, path: str) -> Optional[str]:
     Raises:
         CheckpointError: the file does not load or cannot be fetched, or its weights do not fit this architecture.
     """
+    from utils.hub import resolve_checkpoint  # only Hub users need huggingface_hub at import
+
     payload = safe_load(resolve_checkpoint(path))
     state = payload["model"] if isinstance(payload, dict) and isinstance(payload.get("model"), dict) else payload
     if not isinstance(state, dict):
