@@ -55,6 +55,7 @@ class Answer:
 
     @property
     def consistent(self) -> bool:
+        """Whether the answer is a solution of the puzzle (no ``problems``)."""
         return not self.problems
 
     @property
@@ -96,9 +97,12 @@ def read_puzzles(task: str, spec: str) -> list[tuple[str, np.ndarray]]:
 
 
 def check_fits(trained: Trained, task: str, seq_len: int, bundled: bool = False) -> None:
-    """Raises:
+    """Check that ``trained`` answers ``task`` puzzles of ``seq_len`` tokens (its vocabulary and sequence length).
+
+    Raises:
         PuzzleInputError: the model was trained on another kind or size of puzzle (named, for a bundled model with
-            the flag that takes another)."""
+            the flag that takes another).
+    """
     vocab, kind = VOCAB[task]
     if trained.vocab_size == vocab and trained.seq_len == seq_len:
         return
