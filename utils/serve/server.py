@@ -169,8 +169,8 @@ class Solver:
             return {"model": offered.label, **answer_json(found)}
 
     def _arc(self, offered: Offered, raw: Any, ttc: TestTimeCompute) -> dict[str, Any]:
-        """Adapt to an ARC task sent as JSON, answer it, and give attempt 1 of each test input with the segments of
-        its un-augmented copy."""
+        """Adapt to an ARC task sent as JSON and answer it: both attempts of each test input, with every segment's
+        answer of its un-augmented copy."""
         if ttc.views != 1:
             raise PuzzleInputError(f"views={ttc.views} cannot be used with ARC: its augmented copies vote instead")
         task, known = task_from_json(raw, "task", "the task")
