@@ -33,7 +33,7 @@ def tiny_bundled(sudoku_run, tmp_path_factory):  # noqa: F811
     maze_run = train(mazes, tmp_path_factory.mktemp("maze_run") / "run", "arch.puzzle_emb_len=0")
     for run, task, recipe in ((sudoku_run, "sudoku", "cfg_pretrain_trm_cpu"),
                               (maze_run, "maze", "cfg_pretrain_trm_maze_cpu")):
-        assert bundle_model.main([str(run), "--name", Path(BUNDLED[task][0]).stem, "--recipe", recipe,
+        assert bundle_model.main([str(run), "--name", Path(BUNDLED[task].file).stem, "--recipe", recipe,
                                   "--out", str(out)]) == 0
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(solving, "BUNDLED_DIR", out)
@@ -41,7 +41,7 @@ def tiny_bundled(sudoku_run, tmp_path_factory):  # noqa: F811
 
 
 def test_the_bundle_is_the_weights_and_a_card_measured_on_them(tiny_bundled):
-    bundled = tiny_bundled / BUNDLED["sudoku"][0]
+    bundled = tiny_bundled / BUNDLED["sudoku"].file
     card = bundled.with_suffix(".md").read_text()
     kept = torch.load(bundled, weights_only=True)
     assert sorted(kept) == ["config", "data", "model", "step", "trainer"]  # no optimizer, no carry, no RNG

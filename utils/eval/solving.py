@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -23,8 +23,19 @@ from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import TestTimeCompute, reason
 
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "models" / "pretrained"
-# The model that answers a task when no checkpoint is given, and what it was trained on (its card says more).
-BUNDLED = {"sudoku": ("sudoku_hard_trm.pt", "hard 9x9 Sudoku"), "maze": ("maze_10x10_trm.pt", "10x10 mazes")}
+
+
+class Bundled(NamedTuple):
+    """The model that answers a task when no checkpoint is given: its ``file`` in BUNDLED_DIR, ``what`` it was trained
+    on (its card says more), and the ``side`` of its square grids."""
+
+    file: str
+    what: str
+    side: int
+
+
+BUNDLED = {"sudoku": Bundled("sudoku_hard_trm.pt", "hard 9x9 Sudoku", 9),
+           "maze": Bundled("maze_10x10_trm.pt", "10x10 mazes", 10)}
 # Each task's vocabulary (utils/data/user_puzzles.py, utils/data/arc.py) and how to name its puzzles.
 VOCAB = {"sudoku": (11, "Sudoku"), "maze": (6, "mazes"), "arc": (COLOUR_OFFSET + 10, "ARC grids")}
 TASK_SEQ_LEN = {"sudoku": 81, "arc": ARC_SEQ_LEN}  # a maze's is its own: side x side
@@ -72,10 +83,10 @@ def bundled_checkpoint(task: str) -> Path:
     """
     if task not in BUNDLED:
         raise PuzzleInputError(f"no model is bundled for {VOCAB[task][1]} (only for "
-                               f"{' and '.join(what for _, what in BUNDLED.values())}): give --checkpoint")
-    path = BUNDLED_DIR / BUNDLED[task][0]
+                               f"{' and '.join(b.what for b in BUNDLED.values())}): give --checkpoint")
+    path = BUNDLED_DIR / BUNDLED[task].file
     if not path.is_file():
-        raise PuzzleInputError(f"the bundled model for {BUNDLED[task][1]} is missing ({path}): give --checkpoint "
+        raise PuzzleInputError(f"the bundled model for {BUNDLED[task].what} is missing ({path}): give --checkpoint "
                                "(scripts/bundle_model.py makes one from a run)")
     return path
 
@@ -108,7 +119,7 @@ def check_fits(trained: Trained, task: str, seq_len: int, bundled: bool = False)
         return
     side, given = math.isqrt(trained.seq_len), math.isqrt(seq_len)
     if bundled:
-        raise PuzzleInputError(f"the bundled model {trained.path.name} was trained on {BUNDLED[task][1]}, not on "
+        raise PuzzleInputError(f"the bundled model {trained.path.name} was trained on {BUNDLED[task].what}, not on "
                                f"{kind} of {given}x{given}: give --checkpoint with a model trained on them")
     raise PuzzleInputError(f"{trained.path} was trained on puzzles of {trained.seq_len} cells"
                            f"{f' ({side}x{side})' if side * side == trained.seq_len else ''} and a vocabulary of "
@@ -128,7 +139,7 @@ def open_model(spec: Optional[str], task: str, seq_len: int, batch_size: int, de
     check_fits(trained, task, seq_len, bundled=spec is None)
     if spec is None:
         card = trained.path.with_suffix(".md")
-        trained.note = f"the bundled model for {BUNDLED[task][1]}, {trained.path} (its card: {card})"
+        trained.note = f"the bundled model for {BUNDLED[task].what}, {trained.path} (its card: {card})"
     return trained
 
 

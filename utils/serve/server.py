@@ -27,6 +27,7 @@ import argparse
 import base64
 import json
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -46,7 +47,7 @@ from utils.run.main import one_line
 from utils.eval.arc_adapt import adapt_and_answer, task_from_json
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import TEST_TIME_FLAGS, TestTimeCompute, test_time_compute
-from utils.eval.solving import BUNDLED, VOCAB, Answer, answer, open_model
+from utils.eval.solving import BUNDLED, VOCAB, Answer, answer, check_fits, open_model
 from utils.viz.puzzles import render_segments, segments_gif
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,15 @@ COMPUTE_FIELDS = (*TEST_TIME_FLAGS, "rollout_seed")
 
 @dataclass
 class Offered:
-    """A model the page offers: ``id`` (its index), a ``label``, the ``task`` it answers, its grid ``side``, and the
-    loaded model."""
+    """A model the page offers: ``id`` (its index), a ``label``, the ``task`` it answers, its grid ``side``, the
+    loaded model, and whether it is a ``bundled`` one."""
 
     id: int
     label: str
     task: str
     side: int
     trained: Trained
+    bundled: bool
 
     def describe(self) -> dict[str, Any]:
         """What the page shows of it, with its own test-time compute as the defaults."""
@@ -85,29 +87,30 @@ def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype
         PuzzleInputError: a checkpoint of puzzles the page does not know, or no model at all.
     """
     loaded = []
-    for task, (name, what) in BUNDLED.items():
-        side = 9 if task == "sudoku" else 10
+    for task, bundled in BUNDLED.items():
         try:
-            loaded.append((f"bundled: {what} ({name})", task, open_model(None, task, side * side, 1, device, dtype)))
+            trained = open_model(None, task, bundled.side ** 2, 1, device, dtype)
+            loaded.append((f"bundled: {bundled.what} ({bundled.file})", task, trained, True))
         except PuzzleInputError:  # its file is missing
-            log.warning("the bundled model for %s (%s) is not there: the page offers the others", what, name)
+            log.warning("the bundled model for %s (%s) is not there: the page offers the others", bundled.what,
+                        bundled.file)
     for spec in checkpoints or []:
         trained = load_trained(spec, device, dtype, 1)
         task = TASK_OF_VOCAB.get(trained.vocab_size)
         if task is None:
             raise PuzzleInputError(f"--checkpoint {spec}: a model of {trained.vocab_size} tokens answers no puzzle the "
                                    "page knows (Sudoku 11, mazes 6, ARC 12)")
-        loaded.append((f"{spec} ({task}, step {trained.step})", task, trained))
+        loaded.append((f"{spec} ({task}, step {trained.step})", task, trained, False))
     if not loaded:
         raise PuzzleInputError("no model to offer: the bundled ones are missing; give --checkpoint")
-    return [Offered(i, label, task, int(round(trained.seq_len ** 0.5)), trained)
-            for i, (label, task, trained) in enumerate(loaded)]
+    return [Offered(i, label, task, math.isqrt(trained.seq_len), trained, bundled)
+            for i, (label, task, trained, bundled) in enumerate(loaded)]
 
 
 def grid_rows(tokens: np.ndarray, task: str) -> np.ndarray:
     """Tokens [side * side] as int64 rows [side, side] of the task's own values: Sudoku digits (0 blank), maze tokens,
     ARC colours."""
-    side = int(round(tokens.size ** 0.5))
+    side = math.isqrt(tokens.size)
     rows = tokens.reshape(side, side).astype(np.int64)
     return (rows - 1).clip(0) if task == "sudoku" else rows
 
@@ -162,9 +165,7 @@ class Solver:
                 raise PuzzleInputError(f"the puzzle is empty: give {wanted}")
             tokens = (parse_sudoku(puzzle, "the puzzle") if offered.task == "sudoku"
                       else parse_maze(puzzle, "the maze")[0])
-            if tokens.size != offered.side ** 2:
-                raise PuzzleInputError(f"{offered.label} was trained on {offered.side}x{offered.side} grids, not "
-                                       f"{int(round(tokens.size ** 0.5))}x{int(round(tokens.size ** 0.5))}")
+            check_fits(offered.trained, offered.task, tokens.size, offered.bundled)
             found = answer(offered.trained, offered.task, [("puzzle", tokens)], ttc, self.device)[0]
             return {"model": offered.label, **answer_json(found)}
 
