@@ -1,0 +1,42 @@
+"""The models this repository ships in models/pretrained/: each loads through the same path as any checkpoint, its
+card states what was measured on that file (SHA-256, size, parameters, held-out accuracy with its interval), and the
+Sudoku model solves a hard held-out puzzle through solve.py without --checkpoint, as the README's first command does.
+How the code treats bundled models in general: tests/test_bundling.py."""
+
+import hashlib
+import re
+
+import pytest
+import torch
+
+import solve
+from utils.data.user_puzzles import parse_sudoku, sudoku_problems
+from utils.eval.load import load_trained
+from utils.eval.solving import BUNDLED, BUNDLED_DIR
+
+# Puzzle 1 of the hard recipe's test split (minimal, 25 givens, rating 5: singles alone do not solve it), never
+# trained on; the page's hard example.
+HARD = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."
+
+
+@pytest.mark.parametrize("task", ["sudoku"])  # the maze model is not shipped yet
+def test_each_bundled_model_loads_and_its_card_describes_the_file(task):
+    path = BUNDLED_DIR / BUNDLED[task].file
+    card = path.with_suffix(".md").read_text()
+    trained = load_trained(str(path), torch.device("cpu"), torch.float32, 1)  # the same path as any checkpoint
+    assert hashlib.sha256(path.read_bytes()).hexdigest() in card and f"{path.stat().st_size:,} bytes" in card
+    assert f"{sum(p.numel() for p in trained.head.model.parameters()):,} parameters" in card
+    assert len(re.findall(r"\*\*\d+\.\d%\*\* exact \(95% CI \d+\.\d-\d+\.\d%, n=\d+\)", card)) == 2
+
+
+def test_the_bundled_models_add_a_few_mb_at_most():
+    assert sum((BUNDLED_DIR / bundled.file).stat().st_size for bundled in BUNDLED.values()
+               if (BUNDLED_DIR / bundled.file).is_file()) < 5_000_000  # float32 weights, as the card's accuracy needs
+
+
+def test_the_bundled_sudoku_model_solves_a_hard_held_out_puzzle(tmp_path, capsys):
+    assert solve.main(["--device", "cpu", "--sudoku", HARD, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"model: the bundled model for hard 9x9 Sudoku, {BUNDLED_DIR / 'sudoku_hard_trm.pt'}" in printed
+    answer = "".join(c for c in printed.split("puzzle 1: consistent", 1)[1] if c.isdigit())[:81]
+    assert not sudoku_problems(parse_sudoku(answer, "answer"), parse_sudoku(HARD, "puzzle"))
