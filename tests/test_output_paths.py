@@ -172,6 +172,15 @@ def test_write_atomically_writes_and_replaces(tmp_path, a_file):
     assert a_file.read_text() == "keep me"
 
 
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_write_atomically_gives_the_mode_the_umask_asks_not_mkstemps_0600(tmp_path, umask, mode):
+    target = tmp_path / "out.bin"
+    code = (f"import os; os.umask({umask}); from utils.outputs import write_atomically; "
+            f"write_atomically({str(target)!r}, lambda f: f.write(b'x'), 'test output')")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=120)
+    assert target.stat().st_mode & 0o777 == mode
+
+
 def full_disk_after(limit: int):
     """A writer that writes ``limit`` bytes, then fails as a full disk does."""
     def write(f):

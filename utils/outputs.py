@@ -29,6 +29,17 @@ from utils.errors import RunFailure, UserError, first_in_chain
 log = logging.getLogger(__name__)
 
 
+def _process_umask() -> int:
+    """The process's umask (reading it means setting it: done once, at import, before any thread writes)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+# mkstemp makes its file 0600; a finished output gets the mode open() would give it, as the user's umask asks.
+_FILE_MODE = 0o666 & ~_process_umask()
+
+
 class OutputPathError(UserError):
     """An output path cannot be created or written (read-only, under a file, a directory where a file goes)."""
 
@@ -130,6 +141,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None],
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _FILE_MODE)
         with os.fdopen(fd, "wb") as f:
             try:
                 write(f)
