@@ -141,7 +141,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None],
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.fchmod(fd, _FILE_MODE)
+        os.chmod(tmp, _FILE_MODE)  # by path: os.fchmod is missing on Windows before Python 3.13
         with os.fdopen(fd, "wb") as f:
             try:
                 write(f)
