@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from models.layers import sdpa  # noqa: E402
-from scripts.benchmark_optimizers import paired_ratio  # noqa: E402
+from utils.bench import paired_ratio  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 
 

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from utils.bench import paired_ratio  # noqa: E402
 from utils.device import select_device  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.optimizer_utils import AdamATan2, native_unavailable_reason  # noqa: E402
@@ -67,15 +68,6 @@ def make_params(shapes, device: torch.device, seed: int = 0) -> list[torch.nn.Pa
         p.grad = (torch.randn(shape, generator=gen) * 1e-3).to(device)
         params.append(p)
     return params
-
-
-def paired_ratio(times: list[float], baseline: list[float]) -> str:
-    """Median over rounds of ``times[i] / baseline[i]``, e.g. "0.71x".
-
-    Both were timed in the same round, seconds apart, so a slow spell on a shared machine
-    scales both and cancels in the ratio; a ratio of medians would not pair them.
-    """
-    return f"{statistics.median(t / b for t, b in zip(times, baseline)):.2f}x"
 
 
 def bench_set(name: str, shapes, device: torch.device, args) -> list[dict]:

@@ -42,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from models import build_model, validate_arch  # noqa: E402
 from models.sparse_embedding import SparseEmbeddingSignSGD  # noqa: E402
-from scripts.reference_trm import PROTOCOL, SUDOKU, not_a_checkout, serve_steps, sudoku_batch  # noqa: E402
+from utils.bench import PROTOCOL, SUDOKU, not_a_checkout, paired_median, serve_steps, sudoku_batch  # noqa: E402
 from utils.config import recipe_config  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.hardware_optimizer import compile_model, machine_line  # noqa: E402
@@ -162,7 +162,7 @@ def bench_model(name: str, arch: dict, batch_size: int, device: torch.device, dt
         row[f"{mode}_of_peak"] = statistics.median(flops / t / (gemm_flops / g) for t, g in zip(times[mode], times["gemm"]))
         row[f"{mode}_first_steps_s"] = warmup_s[mode]
     if "compiled" in modes:
-        row["compiled_speedup"] = statistics.median(e / c for e, c in zip(times["eager"], times["compiled"]))
+        row["compiled_speedup"] = paired_median(times["eager"], times["compiled"])
     return row
 
 
@@ -174,7 +174,8 @@ ROUND_S = 2.0  # each timing covers about this many seconds of steps
 
 
 class Worker:
-    """One training step in its own process (``scripts/reference_trm.serve_steps`` on the other side).
+    """One training step in its own process, which serves it with ``utils.bench.serve_steps`` (this script's worker
+    or ``scripts/reference_trm.py``'s).
 
     Raises:
         RuntimeError: the worker process ended early (its own error message is on stderr above).
@@ -258,8 +259,7 @@ def bench_side_by_side(name: str, arch: dict, batch_size: int, device: torch.dev
         row[f"{key}_examples_s"] = batch_size / statistics.median(times[label])
         row[f"{key}_of_peak"] = statistics.median(flops / t / (gemm_flops / g) for t, g in zip(times[label], times["gemm"]))
     for label in ("reference", "reference compiled"):
-        row[f"compiled_vs_{label.replace(' ', '_')}"] = statistics.median(
-            ref / ours for ref, ours in zip(times[label], times["compiled"]))
+        row[f"compiled_vs_{label.replace(' ', '_')}"] = paired_median(times[label], times["compiled"])
     return row
 
 

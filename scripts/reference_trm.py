@@ -37,7 +37,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SUDOKU = dict(seq_len=81, vocab_size=11, num_puzzle_identifiers=1)
+sys.path.insert(0, str(REPO))
+from utils.bench import SUDOKU, not_a_checkout, serve_steps, sudoku_batch  # noqa: E402
+
+sys.path.remove(str(REPO))  # until load_reference: see there why the project must leave the path
+
 BLANK = 1  # the Sudoku token of an empty cell (digit + 1; pad 0), in the reference builder's format
 IGNORE_LABEL_ID = -100
 
@@ -53,24 +57,6 @@ REFERENCE_SETTINGS = dict(
 
 class ReferenceUnavailable(Exception):
     """The reference checkout cannot be used (the message says why and what to do)."""
-
-
-def sudoku_batch(batch_size: int, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:
-    """A random batch in the Sudoku layout: ``inputs`` [B, 81] int32 tokens 1..10 (1 blank), ``labels`` [B, 81]
-    int32 2..10, ``puzzle_identifiers`` [B] int32 zeros. The same ``seed`` gives the same batch in every process."""
-    gen = torch.Generator().manual_seed(seed)
-    labels = torch.randint(2, 11, (batch_size, 81), generator=gen, dtype=torch.int32)
-    inputs = torch.where(torch.rand(batch_size, 81, generator=gen) < 0.5, labels, torch.ones_like(labels))
-    return {"inputs": inputs.to(device), "labels": labels.to(device),
-            "puzzle_identifiers": torch.zeros(batch_size, dtype=torch.int32, device=device)}
-
-
-def not_a_checkout(reference_dir: str) -> str | None:
-    """Why ``reference_dir`` is not a TinyRecursiveModels checkout, in one line; None when it is one."""
-    if (Path(reference_dir).expanduser() / "models" / "recursive_reasoning" / "trm.py").is_file():
-        return None
-    return (f"--reference-dir {reference_dir}: no models/recursive_reasoning/trm.py there; give a checkout of "
-            "github.com/SamsungSAILMontreal/TinyRecursiveModels")
 
 
 def load_reference(reference_dir: str):
@@ -237,26 +223,6 @@ def train(ref, args) -> int:
         return 1
     print(f"curve written to {args.out}")
     return 0
-
-
-PROTOCOL = "@@ "  # marks the step benchmark's lines on a worker's stdout (anything else there is passed on)
-
-
-def serve_steps(step, info: dict, warmup: int) -> None:
-    """The worker side of the step benchmark: ``warmup`` untimed steps, then ``info`` plus the last warmup step's
-    seconds (``step_s``) as one JSON line; then for each line ``N`` read from stdin, ``N`` steps and their total
-    seconds as one line. An empty line or the end of input ends it."""
-    for _ in range(warmup):
-        begin = time.perf_counter()
-        step()
-    print(PROTOCOL + json.dumps({**info, "step_s": time.perf_counter() - begin}), flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            return
-        begin = time.perf_counter()
-        for _ in range(int(line)):
-            step()
-        print(f"{PROTOCOL}{time.perf_counter() - begin:.6f}", flush=True)
 
 
 def step_worker(ref, args) -> int:

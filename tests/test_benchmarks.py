@@ -209,3 +209,13 @@ def test_cape_learning_refuses_a_used_output_folder(tmp_path):
     out = script("benchmark_cape_learning.py", "--output-dir", str(tmp_path))
     assert out.returncode == 2 and f"--output-dir {tmp_path} is not empty" in out.stderr
     assert (tmp_path / "old.txt").read_text() == "keep me"
+
+
+def test_paired_median_pairs_the_rounds_a_ratio_of_medians_would_not():
+    from utils.bench import paired_median, paired_ratio
+
+    # rounds 1 and 2 say 0.5x (round 2 on a slow spell); round 3 caught the baseline alone in a fast one. Paired:
+    # 0.5x; the ratio of the medians would say 1.5x (3 against 2)
+    ours, baseline = [1.0, 8.0, 3.0], [2.0, 16.0, 1.0]
+    assert paired_median(ours, baseline) == 0.5 and paired_ratio(ours, baseline) == "0.50x"
+    assert paired_median([1.0, 4.0, 2.0], [2.0, 2.0, 2.0]) == 1.0  # ratios 0.5, 2, 1: the middle one
