@@ -1,7 +1,8 @@
 """The models this repository ships in models/pretrained/: each loads through the same path as any checkpoint, its
-card states what was measured on that file (SHA-256, size, parameters, held-out accuracy with its interval), and the
-Sudoku model solves a hard held-out puzzle through solve.py without --checkpoint, as the README's first command does.
-How the code treats bundled models in general: tests/test_bundling.py."""
+card states what was measured on that file (SHA-256, size, parameters, held-out accuracy with its interval), and each
+answers a held-out puzzle through solve.py without --checkpoint, as the README's first command does (the Sudoku
+consistently, the maze with its one shortest path). How the code treats bundled models in general:
+tests/test_bundling.py."""
 
 import hashlib
 import re
@@ -17,9 +18,15 @@ from utils.eval.solving import BUNDLED, BUNDLED_DIR
 # Puzzle 1 of the hard recipe's test split (minimal, 25 givens, rating 5: singles alone do not solve it), never
 # trained on; the page's hard example.
 HARD = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."
+# Maze 0 of the maze quickstart's test split (data/maze-gen-10x10-24k-aug, seed 0), never trained on, the page's
+# example, and its only shortest path as the split's label marks it.
+MAZE = ["  #    ## ", "#     ##  ", "## ##     ", "     ## # ", " ### #  ##",
+        " # #  #   ", "    #####G", " ##### ###", "   # ### S", " #       #"]
+MAZE_PATH = ["  #    ## ", "# oooo##  ", "##o##ooo  ", "ooo  ##o# ", "o### # o##",
+             "o# #  #ooo", "o   #####G", "o##### ###", "ooo# ###oS", " #ooooooo#"]
 
 
-@pytest.mark.parametrize("task", ["sudoku"])  # the maze model is not shipped yet
+@pytest.mark.parametrize("task", sorted(BUNDLED))
 def test_each_bundled_model_loads_and_its_card_describes_the_file(task):
     path = BUNDLED_DIR / BUNDLED[task].file
     card = path.with_suffix(".md").read_text()
@@ -30,8 +37,8 @@ def test_each_bundled_model_loads_and_its_card_describes_the_file(task):
 
 
 def test_the_bundled_models_add_a_few_mb_at_most():
-    assert sum((BUNDLED_DIR / bundled.file).stat().st_size for bundled in BUNDLED.values()
-               if (BUNDLED_DIR / bundled.file).is_file()) < 5_000_000  # float32 weights, as the card's accuracy needs
+    # float32 weights, as the cards' accuracies were measured on them
+    assert sum((BUNDLED_DIR / bundled.file).stat().st_size for bundled in BUNDLED.values()) < 5_000_000
 
 
 def test_the_bundled_sudoku_model_solves_a_hard_held_out_puzzle(tmp_path, capsys):
@@ -40,3 +47,12 @@ def test_the_bundled_sudoku_model_solves_a_hard_held_out_puzzle(tmp_path, capsys
     assert f"model: the bundled model for hard 9x9 Sudoku, {BUNDLED_DIR / 'sudoku_hard_trm.pt'}" in printed
     answer = "".join(c for c in printed.split("puzzle 1: consistent", 1)[1] if c.isdigit())[:81]
     assert not sudoku_problems(parse_sudoku(answer, "answer"), parse_sudoku(HARD, "puzzle"))
+
+
+def test_the_bundled_maze_model_finds_a_held_out_mazes_shortest_path(tmp_path, capsys):
+    maze = tmp_path / "maze.txt"
+    maze.write_text("\n".join(MAZE) + "\n")
+    assert solve.main(["--device", "cpu", "--maze", str(maze), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    assert f"model: the bundled model for 10x10 mazes, {BUNDLED_DIR / 'maze_10x10_trm.pt'}" in printed
+    assert "\n".join(MAZE_PATH) in printed.split("consistent", 1)[1]
