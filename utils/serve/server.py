@@ -59,13 +59,12 @@ COMPUTE_FIELDS = (*TEST_TIME_FLAGS, "rollout_seed")
 
 @dataclass
 class Offered:
-    """A model the page offers: ``id`` (its index), a ``label``, the ``task`` it answers, its grid ``side``, the
-    loaded model, and whether it is a ``bundled`` one."""
+    """A model the page offers: ``id`` (its index), a ``label``, the ``task`` it answers, the loaded model, and
+    whether it is a ``bundled`` one."""
 
     id: int
     label: str
     task: str
-    side: int
     trained: Trained
     bundled: bool
 
@@ -73,7 +72,7 @@ class Offered:
         """What the page shows of it, with its own test-time compute as the defaults."""
         ttc = test_time_compute(SimpleNamespace(**dict.fromkeys(COMPUTE_FIELDS)), self.trained.cfg)
         segments = ttc.segments or self.trained.cfg.arch["halt_max_steps"]
-        return {"id": self.id, "label": self.label, "task": self.task, "side": self.side,
+        return {"id": self.id, "label": self.label, "task": self.task, "side": math.isqrt(self.trained.seq_len),
                 "compute": {"segments": segments, "early_exit": ttc.early_exit, "min_segments": ttc.min_segments,
                             "rollouts": ttc.rollouts, "noise": ttc.noise, "views": ttc.views,
                             "rollout_seed": ttc.seed}}
@@ -103,7 +102,7 @@ def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype
         loaded.append((f"{spec} ({task}, step {trained.step})", task, trained, False))
     if not loaded:
         raise PuzzleInputError("no model to offer: the bundled ones are missing; give --checkpoint")
-    return [Offered(i, label, task, math.isqrt(trained.seq_len), trained, bundled)
+    return [Offered(i, label, task, trained, bundled)
             for i, (label, task, trained, bundled) in enumerate(loaded)]
 
 
