@@ -39,8 +39,10 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from utils.bench import SUDOKU, not_a_checkout, serve_steps, sudoku_batch  # noqa: E402
+from utils.optimizer_utils import AdamATan2  # noqa: E402
+from utils.run.schedule import LRSchedule  # noqa: E402
 
-sys.path.remove(str(REPO))  # until load_reference: see there why the project must leave the path
+sys.path.remove(str(REPO))  # the project leaves the path before load_reference: see there why
 
 BLANK = 1  # the Sudoku token of an empty cell (digit + 1; pad 0), in the reference builder's format
 IGNORE_LABEL_ID = -100
@@ -62,8 +64,8 @@ class ReferenceUnavailable(Exception):
 def load_reference(reference_dir: str):
     """Import the reference's modules from ``reference_dir``; returns a namespace of what the loops use.
 
-    The project's AdamATan2 and lr schedule are imported first; then the project leaves ``sys.path`` and the
-    reference directory comes first, so that ``models`` is the reference's (a namespace package there, which a
+    The project's AdamATan2 and lr schedule were imported with the module, and the project has left ``sys.path``;
+    the reference directory comes first, so that ``models`` is the reference's (a namespace package there, which a
     regular package of the same name anywhere on the path would win over).
 
     Raises:
@@ -73,11 +75,6 @@ def load_reference(reference_dir: str):
     problem = not_a_checkout(reference_dir)
     if problem:
         raise ReferenceUnavailable(problem)
-    sys.path.insert(0, str(REPO))
-    from utils.optimizer_utils import AdamATan2
-    from utils.run.schedule import LRSchedule
-
-    sys.path.remove(str(REPO))
     sys.path.insert(0, str(root))
     try:
         from models.losses import ACTLossHead
