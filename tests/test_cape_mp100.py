@@ -11,8 +11,7 @@ from PIL import Image
 
 from utils.data.mp100 import (IMAGENET_MEAN, IMAGENET_STD, Augmentation, Episode, EpisodeDataset, EpisodeSampler,
                               Instance, MP100FormatError, annotation_path, apply_affine, category_report, clean_bbox,
-                              collate_episodes, format_report, load_instance, load_mp100, load_split)
-from utils.eval.pck import crop_to_original
+                              collate_episodes, crop_to_original, format_report, load_instance, load_mp100, load_split)
 
 # Three categories, one per subset: 3, 4 and 5 keypoints.
 CATS = {"train": (1, "cat_a", 3), "val": (2, "cat_b", 4), "test": (3, "cat_c", 5)}

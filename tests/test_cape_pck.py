@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from utils.eval.pck import (PCKError, batch_pck, copy_support_baseline, crop_to_original, evaluation_mask,
-                            keypoint_pck)
+from utils.data.mp100 import crop_to_original
+from utils.eval.pck import PCKError, batch_pck, copy_support_baseline, evaluation_mask, keypoint_pck
 
 
 def one_query(pred, gt, normaliser, mask=None):

@@ -28,9 +28,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from utils.data.mp100 import Instance, clean_bbox, collate_episodes, load_instance
+from utils.data.mp100 import Instance, clean_bbox, collate_episodes, crop_to_original, load_instance
 from utils.errors import UserError
-from utils.eval.pck import crop_to_original
 
 SUPPORT_FIELDS = ("keypoints", "visible", "bbox")
 TOP_FIELDS = ("supports", "skeleton", "names")

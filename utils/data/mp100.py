@@ -561,6 +561,14 @@ def apply_affine(m: np.ndarray, points: np.ndarray) -> np.ndarray:
     return points @ m[:, :2].T + m[:, 2]
 
 
+def crop_to_original(points: torch.Tensor, crop_to_orig: torch.Tensor, image_size: int) -> torch.Tensor:
+    """Map normalised crop coordinates [..., N, 2] to original pixels (float64) with per-image affines [..., 2, 3]
+    (the inverse of :func:`crop_transform`, as the loader stores it in ``*_crop_to_orig``)."""
+    pix = points.double() * image_size
+    a = crop_to_orig.double()
+    return pix @ a[..., :2].transpose(-1, -2) + a[..., None, :, 2]
+
+
 def _jitter_colour(img: np.ndarray, rng: np.random.Generator, amount: float) -> np.ndarray:
     """Random brightness, contrast and saturation on an [H, W, 3] float image in [0, 1]."""
     img = img * rng.uniform(1 - amount, 1 + amount)

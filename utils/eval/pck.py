@@ -287,13 +287,6 @@ class EpisodeEvaluator:
             f.write("\n")
 
 
-def crop_to_original(points: torch.Tensor, crop_to_orig: torch.Tensor, image_size: int) -> torch.Tensor:
-    """Map normalised crop coordinates [..., N, 2] to original pixels (float64) with per-image affines [..., 2, 3]."""
-    pix = points.double() * image_size
-    a = crop_to_orig.double()
-    return pix @ a[..., :2].transpose(-1, -2) + a[..., None, :, 2]
-
-
 def copy_support_baseline(support_keypoints: torch.Tensor, support_visible: torch.Tensor, num_queries: int) -> torch.Tensor:
     """The "copy the support keypoints" floor: every query gets the mean of the supports' keypoints.
 
