@@ -18,7 +18,8 @@ What it does, in order:
   5. Run `pip check`, confirm torch did not change and torchvision imports, and report which optimizer/attention
      backends training will use.
 
-Standard library only: it has to run before torch exists. Exit code 0 when the base environment is
+Standard library only (plus packaging, or pip's own copy of it, to check the build requirements a downloaded source
+distribution declares): it has to run before torch exists. Exit code 0 when the base environment is
 healthy (even if optional extras were skipped or failed), 1 when it is not, 2 for bad arguments.
 """
 
@@ -26,7 +27,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-import io
+import configparser
+import gzip
+import http.client
+import importlib
 import json
 import os
 import platform
@@ -39,8 +43,10 @@ import tarfile
 import tempfile
 import urllib.request
 import zipfile
+import zlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import unquote, urljoin, urlparse
 
 REPO = Path(__file__).resolve().parent
@@ -67,6 +73,14 @@ BUILD_TOOLS = ("setuptools", "wheel", "ninja", "packaging")
 # setup_requires=["packaging", "psutil", "ninja"]. A real run reads them from the source distribution instead.
 KNOWN_BUILD_REQUIRES = {"adam-atan2": ("setuptools_scm",), "flash-attn": ("packaging", "psutil", "ninja")}
 SDIST_MAX_BYTES = 64 << 20  # flash-attn's source distribution is a few MB
+# A downloaded source distribution is untrusted: these caps bound what reading its metadata can cost, far above what
+# a real one needs (its setup.py is kB, its kernels and headers unpacked tens of MB). Over a cap, the installer
+# uses KNOWN_BUILD_REQUIRES instead.
+SDIST_UNPACKED_MAX_BYTES = 256 << 20
+SDIST_MEMBER_MAX_BYTES = 1 << 20  # one pyproject.toml, setup.py or setup.cfg
+SDIST_MEMBERS_MAX = 100_000       # files in one archive
+BUILD_REQUIRES_MAX = 64           # requirements one file may declare
+REQUIREMENT_MAX_CHARS = 500       # one requirement string, markers included
 GB_PER_BUILD_JOB = 4  # one nvcc job can take several GB of RAM; more jobs than this risks the OOM killer
 
 
@@ -718,31 +732,186 @@ def known_build_requires(name: str) -> BuildRequires:
     return BuildRequires(KNOWN_BUILD_REQUIRES.get(name, ()), "listed in install_dependencies.py")
 
 
-def declared_build_requires(archive: bytes) -> tuple[str, ...] | None:
-    """The build requirements a source distribution (a .tar.gz) declares: ``[build-system] requires`` of its
-    pyproject.toml and ``setup_requires=[...]`` of its setup.py, read and never run; None when neither is there or
-    the archive cannot be read."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-            top = {Path(m.name).name: tar.extractfile(m).read().decode("utf-8", "replace")
-                   for m in tar.getmembers() if m.isfile() and len(Path(m.name).parts) == 2}
-    except (tarfile.TarError, OSError, EOFError):
-        return None
-    found: list[str] = []
-    if "pyproject.toml" in top:
+class MetadataError(ValueError):
+    """Build metadata in a downloaded source distribution that this installer will not use (see
+    :func:`declared_build_requires`)."""
+
+
+class _CappedStream:
+    """A read-only view of a binary ``stream`` that raises :class:`MetadataError` once more than ``limit`` bytes
+    have come through it, so a lying or bomb-like archive costs at most ``limit`` bytes of reading."""
+
+    def __init__(self, stream: BinaryIO, limit: int, what: str):
+        self._stream, self._limit, self._left, self._what = stream, limit, limit, what
+
+    def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes (all that is left under the cap, plus one to detect going over, when negative)."""
+        data = self._stream.read(self._left + 1 if size is None or size < 0 else min(size, self._left + 1))
+        self._left -= len(data)
+        if self._left < 0:
+            raise MetadataError(f"{self._what} is over the {self._limit >> 20} MiB this installer reads")
+        return data
+
+
+def _import_first(*modules: str):
+    """The first of ``modules`` that imports; None when none does."""
+    for name in modules:
         try:
-            import tomllib  # Python >= 3.11
-            found += tomllib.loads(top["pyproject.toml"]).get("build-system", {}).get("requires", [])
-        except (ImportError, ValueError):
-            pass
-    try:
-        calls = [n for n in ast.walk(ast.parse(top.get("setup.py", ""))) if isinstance(n, ast.Call)]
-    except SyntaxError:
-        calls = []
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
+
+
+def _shown(value: object, width: int = 60) -> str:
+    """``repr(value)`` cut to ``width`` characters: a quote of untrusted text that stays on one short line."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _why(error: BaseException) -> str:
+    """The first line of an exception's message, or its type when it has none (MemoryError, EOFError())."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def _string_list(value: object, where: str) -> list[str]:
+    """``value`` when it is a list (or tuple) of at most BUILD_REQUIRES_MAX strings.
+
+    Raises:
+        MetadataError: anything else, e.g. a bare string, which must not be taken one character at a time.
+    """
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise MetadataError(f"{where} must be a list of strings, not {_shown(value)}")
+    if len(value) > BUILD_REQUIRES_MAX:
+        raise MetadataError(f"{where} lists {len(value)} requirements, more than the {BUILD_REQUIRES_MAX} accepted")
+    return list(value)
+
+
+def _pyproject_requires(text: str) -> list[str]:
+    """``[build-system] requires`` of a pyproject.toml."""
+    # tomllib is Python >= 3.11; pip (in every venv) vendors tomli, the same parser, for older ones.
+    toml = _import_first("tomllib", "pip._vendor.tomli")
+    if toml is None:
+        raise MetadataError("no TOML parser here (Python < 3.11 without pip)")
+    system = toml.loads(text).get("build-system", {})
+    if not isinstance(system, dict):
+        raise MetadataError(f"[build-system] must be a table, not {_shown(system)}")
+    return _string_list(system.get("requires", []), "[build-system] requires")
+
+
+def _setup_py_requires(text: str) -> list[str]:
+    """Every literal ``setup_requires=[...]`` keyword in a setup.py, read and never run."""
+    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)]
+    found: list[str] = []
     for keyword in (k for call in calls for k in call.keywords if k.arg == "setup_requires"):
-        if isinstance(keyword.value, (ast.List, ast.Tuple)):
-            found += [e.value for e in keyword.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-    return tuple(dict.fromkeys(found)) if ("pyproject.toml" in top or "setup.py" in top) else None
+        try:
+            value = ast.literal_eval(keyword.value)
+        except (ValueError, TypeError):  # computed at build time: what it holds cannot be known without running it
+            raise MetadataError(f"setup_requires is computed ({_shown(ast.unparse(keyword.value))}), "
+                                "not a literal list") from None
+        found += _string_list(value, "setup_requires")
+    return found
+
+
+def _setup_cfg_requires(text: str) -> list[str]:
+    """``[options] setup_requires`` of a setup.cfg: one requirement a line, ``#`` comments dropped (as setuptools)."""
+    config = configparser.ConfigParser(interpolation=None)
+    config.read_string(text)
+    lines = (re.sub(r"(^|\s)#.*$", "", line).strip()
+             for line in config.get("options", "setup_requires", fallback="").splitlines())
+    return _string_list([line for line in lines if line], "[options] setup_requires")
+
+
+# The top-level files of a source distribution that declare build requirements, in the order they are reported.
+_METADATA_READERS = {"pyproject.toml": _pyproject_requires, "setup.py": _setup_py_requires,
+                     "setup.cfg": _setup_cfg_requires}
+# What malformed metadata can raise from the readers: ValueError covers MetadataError, TOMLDecodeError and NUL-holding
+# text; over-deep nesting is a RecursionError in tomllib and ast.literal_eval, a MemoryError in the ast parser.
+_PARSE_ERRORS = (ValueError, SyntaxError, RecursionError, MemoryError, configparser.Error)
+
+
+def _metadata_files(archive: BinaryIO) -> dict[str, str]:
+    """The top-level files of :data:`_METADATA_READERS` in a .tar.gz stream, by name, read as a stream: nothing else
+    is kept, each file is capped at SDIST_MEMBER_MAX_BYTES, the download at SDIST_MAX_BYTES and everything unpacked
+    (headers and skipped files included) at SDIST_UNPACKED_MAX_BYTES.
+
+    Raises:
+        MetadataError: a cap (or SDIST_MEMBERS_MAX) is exceeded. tarfile, gzip, zlib and OSError errors pass through.
+    """
+    # The archive is unpacked here rather than by tarfile's "r|gz", so the cap on unpacked bytes also bounds what
+    # tarfile buffers for a header (a GNU long name or pax header is read whole, whatever size it claims).
+    files: dict[str, str] = {}
+    with gzip.GzipFile(fileobj=_CappedStream(archive, SDIST_MAX_BYTES, "the download"), mode="rb") as packed, \
+            tarfile.open(fileobj=_CappedStream(packed, SDIST_UNPACKED_MAX_BYTES, "the unpacked archive"),
+                         mode="r|") as tar:
+        for count, member in enumerate(tar, 1):
+            if count > SDIST_MEMBERS_MAX:  # tarfile keeps every member's header it has read
+                raise MetadataError(f"the archive holds more than {SDIST_MEMBERS_MAX} files")
+            parts = Path(member.name).parts
+            if not (member.isfile() and len(parts) == 2 and parts[1] in _METADATA_READERS):
+                continue
+            if member.size > SDIST_MEMBER_MAX_BYTES:
+                raise MetadataError(f"{parts[1]} is {member.size} bytes, over the {SDIST_MEMBER_MAX_BYTES >> 20} "
+                                    "MiB this installer reads")
+            files[parts[1]] = tar.extractfile(member).read().decode("utf-8", "replace")
+    return files
+
+
+def _usable_requirements(found: list[str], notes: list[str]) -> tuple[str, ...]:
+    """The strings of ``found`` that parse as PEP 508 requirements by name, each as packaging writes it, without
+    repeats; the rest (pip options such as ``--index-url=...`` or ``-e ...``, ``name @ URL`` references, anything
+    that does not parse) are dropped with one line in ``notes``, since each string becomes one argument of pip.
+
+    Raises:
+        MetadataError: there is no PEP 508 parser to check them with.
+    """
+    # The installer starts on an interpreter's bare venv, where packaging is usually not installed yet; pip, which
+    # every venv has and this installer drives, vendors it, so its copy is the fallback.
+    pep508 = _import_first("packaging.requirements", "pip._vendor.packaging.requirements")
+    if pep508 is None:
+        raise MetadataError("neither packaging nor pip's copy of it imports here to check its requirements")
+    kept, dropped = [], []
+    for text in found:
+        try:
+            req = pep508.Requirement(text) if len(text) <= REQUIREMENT_MAX_CHARS else None
+        except (pep508.InvalidRequirement, RecursionError):  # pip's older copy recurses on deeply nested markers
+            req = None
+        if req is None or req.url or text.lstrip().startswith("-"):
+            dropped.append(text)
+        else:
+            kept.append(str(req))
+    if dropped:
+        notes.append(f"ignored {len(dropped)} build requirement(s) that are not PEP 508 requirements by name "
+                     f"(options and URLs never reach pip): {', '.join(map(_shown, dropped[:3]))}"
+                     + (", …" if len(dropped) > 3 else ""))
+    return tuple(dict.fromkeys(kept))
+
+
+def declared_build_requires(archive: BinaryIO, notes: list[str]) -> tuple[str, ...] | None:
+    """The build requirements a source distribution (a .tar.gz stream, e.g. a download) declares: ``[build-system]
+    requires`` of its pyproject.toml, every literal ``setup_requires=[...]`` of its setup.py and ``[options]
+    setup_requires`` of its setup.cfg, read (streamed, with size caps) and never run. The archive is untrusted:
+    only strings that parse as PEP 508 requirements by name are returned (see :func:`_usable_requirements`).
+
+    None when it holds none of those files, or when anything about them is wrong (an unreadable archive, a file
+    over its cap, malformed TOML or Python, a value that is not a list of strings, ...): then one line saying why
+    goes to ``notes`` and the caller uses its own list. Never raises for what the archive holds.
+    """
+    try:
+        files = _metadata_files(archive)
+        found: list[str] = []
+        for name, read in _METADATA_READERS.items():
+            if name in files:
+                try:
+                    found += read(files[name])
+                except _PARSE_ERRORS as e:
+                    why = "nested too deeply" if isinstance(e, (RecursionError, MemoryError)) else _why(e)
+                    raise MetadataError(f"{name}: {why}") from None
+        return _usable_requirements(found, notes) if files else None
+    except (MetadataError, tarfile.TarError, OSError, EOFError, zlib.error) as e:
+        notes.append(f"its build metadata is not used ({_why(e)}); "
+                     "install_dependencies.py's own list is used instead")
+        return None
 
 
 def _sdist_links(page_url: str) -> list[tuple[str, str]]:
@@ -760,8 +929,8 @@ def _sdist_links(page_url: str) -> list[tuple[str, str]]:
 
 def read_build_requires(req: Requirement, sources: PipSources) -> BuildRequires | None:
     """What ``req``'s build needs, read from the newest source distribution that ``sources`` offer for it (its index
-    pages and find-links folders are read; the one archive is downloaded into memory); None when none is found or
-    read."""
+    pages and find-links folders are read; the one archive is streamed, see :func:`declared_build_requires`); None
+    when none is found or its metadata is not used. What is dropped or not used is printed, one ``note:`` line."""
     candidates = []
     for place in (*(f"{i.rstrip('/')}/{req.name}/" for i in sources.indexes), *sources.find_links):
         try:
@@ -774,11 +943,15 @@ def read_build_requires(req: Requirement, sources: PipSources) -> BuildRequires 
             if normalize_name(project) == req.name and key is not None and satisfies(version, req.specs) is not False:
                 candidates.append((key, filename, url))
     for _, filename, url in sorted(candidates, reverse=True)[:1]:
+        notes: list[str] = []
         try:
             with urllib.request.urlopen(url, timeout=60) as response:
-                declared = declared_build_requires(response.read(SDIST_MAX_BYTES))
-        except (OSError, ValueError):
+                declared = declared_build_requires(response, notes)
+        except (OSError, ValueError, http.client.HTTPException) as e:  # e.g. a connection cut mid-download
             declared = None
+            notes.append(f"cannot be downloaded ({_why(e)}); install_dependencies.py's own list is used instead")
+        for note in notes:
+            print(f"note: {filename}: {note}")
         if declared is not None:
             return BuildRequires(declared, f"declared in {filename}")
     return None

@@ -11,6 +11,7 @@ that this environment is left exactly as it was.
 import base64
 import dataclasses
 import hashlib
+import http.client
 import importlib.metadata
 import io
 import json
@@ -19,6 +20,7 @@ import site
 import subprocess
 import sys
 import tarfile
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -353,14 +355,15 @@ def test_dry_run_for_cuda_shows_setuptools_scm_before_the_adam_atan2_build(monke
     assert "setuptools_scm" in lines[tools] and tools < build
 
 
-def _sdist(folder: Path, filename: str, files: dict[str, str]) -> Path:
-    """A .tar.gz holding ``files`` under one top folder, as a source distribution."""
+def _sdist(folder: Path, filename: str, files: dict[str, str | bytes]) -> Path:
+    """A .tar.gz holding ``files`` (text, or bytes as they are) under one top folder, as a source distribution."""
     path = folder / filename
-    with tarfile.open(path, "w:gz") as tar:
-        for name, text in files.items():
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        for name, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
             entry = tarfile.TarInfo(f"{filename[:-len('.tar.gz')]}/{name}")
-            entry.size = len(text.encode())
-            tar.addfile(entry, io.BytesIO(text.encode()))
+            entry.size = len(data)
+            tar.addfile(entry, io.BytesIO(data))
     return path
 
 
@@ -370,8 +373,9 @@ def test_build_requirements_are_read_from_the_matching_source_distribution_witho
     old = _sdist(tmp_path, "adam_atan2-0.0.2.tar.gz", {"setup.py": setup.replace("setuptools_scm", "old_tool")})
     new = _sdist(tmp_path, "adam_atan2-0.0.3.tar.gz", {"setup.py": setup, "pyproject.toml":
                                                        '[build-system]\nrequires = ["setuptools>=64", "wheel"]\n'})
-    assert inst.declared_build_requires(new.read_bytes()) == ("setuptools>=64", "wheel", "setuptools_scm")
-    assert inst.declared_build_requires(b"not an archive") is None
+    with new.open("rb") as archive:
+        assert inst.declared_build_requires(archive, []) == ("setuptools>=64", "wheel", "setuptools_scm")
+    assert inst.declared_build_requires(io.BytesIO(b"not an archive"), []) is None
     index = tmp_path / "index"
     (index / "adam-atan2").mkdir(parents=True)
     (index / "adam-atan2" / "index.html").write_text("".join(f'<a href="{p.as_uri()}#sha256=0">{p.name}</a>\n'
@@ -383,6 +387,136 @@ def test_build_requirements_are_read_from_the_matching_source_distribution_witho
     older = inst.Requirement("adam-atan2", "adam-atan2<0.0.3", (("<", "0.0.3"),), "x")
     assert inst.read_build_requires(older, inst.PipSources(find_links=(str(tmp_path),))).packages == ("old_tool",)
     assert inst.read_build_requires(pin, inst.PipSources(indexes=((tmp_path / "none").as_uri(),))) is None
+
+
+ADAM = inst.Requirement("adam-atan2", "adam-atan2==0.0.3", (("==", "0.0.3"),), "requirements-cuda.txt:5")
+ADAM_SDIST = "adam_atan2-0.0.3.tar.gz"
+
+
+def _read_adam(folder: Path, capsys) -> tuple[inst.BuildRequires | None, list[str]]:
+    """What the installer reads from the adam-atan2 sdist in ``folder`` (a find-links folder: no network), and the
+    lines it printed."""
+    found = inst.read_build_requires(ADAM, inst.PipSources(find_links=(str(folder),)))
+    return found, capsys.readouterr().out.splitlines()
+
+
+def test_campaign4_p04_only_pep508_requirements_by_name_from_an_sdist_reach_pip(tmp_path, capsys):
+    setup = ("setup(setup_requires=['--index-url=https://evil.example/simple', '-e git+https://evil.example/x.git',"
+             f" 'pkg @ file:///etc/passwd', 'setuptools_scm>=8', ' --pre', '{'x' * 600}'])\n")
+    pyproject = '[build-system]\nrequires = ["wheel", "-r /etc/passwd", "ninja --install-option=--evil"]\n'
+    setup_cfg = ("[options]\nsetup_requires =\n    cmake  # for the kernels\n"
+                 "    --extra-index-url=https://evil.example\n")
+    _sdist(tmp_path, ADAM_SDIST, {"setup.py": setup, "pyproject.toml": pyproject, "setup.cfg": setup_cfg})
+    found, lines = _read_adam(tmp_path, capsys)
+    assert found == inst.BuildRequires(("wheel", "setuptools_scm>=8", "cmake"), f"declared in {ADAM_SDIST}")
+    assert len(lines) == 1 and lines[0].startswith(f"note: {ADAM_SDIST}: ignored 8 build requirement(s) that are "
+                                                   "not PEP 508 requirements by name")
+    assert "--index-url=https://evil.example/simple" in lines[0] and len(lines[0]) < 400
+    plan = plan_for(make_info(**CUDA_OK, build_requires={"adam-atan2": found}))
+    argv = [a for step in plan.steps for a in step.argv]
+    assert "cmake" in argv and not [a for a in argv if "evil" in a or "passwd" in a or a == "--pre"]
+
+
+def test_campaign4_p04_without_packaging_pips_copy_checks_them_and_without_either_the_list_is_used(
+        tmp_path, capsys, monkeypatch):
+    # A fresh venv has pip but not packaging: pip's vendored copy does the check. With neither, nothing unchecked
+    # is used: the built-in list is, with one line.
+    _sdist(tmp_path, ADAM_SDIST, {"setup.py": "setup(setup_requires=['-e .', 'pkg @ file:///x', 'setuptools_scm'])"})
+    monkeypatch.setitem(sys.modules, "packaging.requirements", None)
+    found, lines = _read_adam(tmp_path, capsys)
+    assert found.packages == ("setuptools_scm",) and len(lines) == 1 and "ignored 2 build" in lines[0]
+    monkeypatch.setitem(sys.modules, "pip._vendor.packaging.requirements", None)
+    found, lines = _read_adam(tmp_path, capsys)
+    assert found is None and lines == [f"note: {ADAM_SDIST}: its build metadata is not used (neither packaging nor "
+                                       "pip's copy of it imports here to check its requirements); "
+                                       "install_dependencies.py's own list is used instead"]
+
+
+def test_campaign4_p18_a_deeply_nested_marker_is_dropped_not_a_crash_with_pips_copy_of_packaging(
+        tmp_path, capsys, monkeypatch):
+    deep = "a; " + "(" * 150 + "python_version > '3'" + ")" * 150  # pip 23's vendored packaging recurses on it
+    _sdist(tmp_path, ADAM_SDIST, {"setup.py": f"setup(setup_requires=[{deep!r}, 'setuptools_scm'])"})
+    monkeypatch.setitem(sys.modules, "packaging.requirements", None)  # as in a fresh venv
+    found, lines = _read_adam(tmp_path, capsys)
+    assert found.packages == ("setuptools_scm",) and len(lines) == 1 and "ignored 1 build requirement" in lines[0]
+
+
+def test_campaign4_p09_a_huge_file_in_an_sdist_is_streamed_past_and_one_over_the_cap_is_not_read(
+        tmp_path, capsys, monkeypatch):
+    # 16 MiB of zeros packs into 16 kB; the old reader held the whole download and every top-level file in memory.
+    _sdist(tmp_path, ADAM_SDIST, {"data.bin": bytes(16 << 20), "setup.py": "setup(setup_requires=['setuptools_scm'])"})
+    tracemalloc.start()
+    try:
+        found, lines = _read_adam(tmp_path, capsys)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found.packages == ("setuptools_scm",) and lines == [] and peak < 6 << 20, peak  # imports included
+    with monkeypatch.context() as patch:  # tarfile keeps each header it reads: their number is capped too
+        patch.setattr(inst, "SDIST_MEMBERS_MAX", 1)
+        found, lines = _read_adam(tmp_path, capsys)
+        assert found is None and "(the archive holds more than 1 files)" in lines[0]
+    # The same bomb, larger than the unpacked cap (256 MiB for real; 3 GB in 3 MB was reported): stopped at the cap.
+    monkeypatch.setattr(inst, "SDIST_UNPACKED_MAX_BYTES", 8 << 20)
+    found, lines = _read_adam(tmp_path, capsys)
+    assert found is None and lines == [f"note: {ADAM_SDIST}: its build metadata is not used (the unpacked archive is "
+                                       "over the 8 MiB this installer reads); install_dependencies.py's own list "
+                                       "is used instead"]
+
+
+@pytest.mark.parametrize("files, why", [
+    ({"pyproject.toml": '[build-system]\nrequires = "setuptools_scm"\n'},
+     "pyproject.toml: [build-system] requires must be a list of strings, not 'setuptools_scm'"),
+    ({"setup.py": "setup(setup_requires='setuptools_scm')"},
+     "setup.py: setup_requires must be a list of strings, not 'setuptools_scm'"),
+    ({"setup.py": "setup(setup_requires=REQUIRES)"}, "setup.py: setup_requires is computed ('REQUIRES')"),
+])
+def test_campaign4_p15_a_requires_that_is_not_a_list_is_refused_not_split_into_characters(tmp_path, capsys, files,
+                                                                                           why):
+    _sdist(tmp_path, ADAM_SDIST, files)
+    found, lines = _read_adam(tmp_path, capsys)
+    assert found is None and len(lines) == 1 and f"its build metadata is not used ({why}" in lines[0]
+
+
+@pytest.mark.parametrize("files, why", [
+    ({"pyproject.toml": "build-system = 5\n"}, "pyproject.toml: [build-system] must be a table, not 5"),
+    ({"pyproject.toml": "[build-system]\nrequires = [1, 2]\n"},
+     "pyproject.toml: [build-system] requires must be a list of strings, not [1, 2]"),
+    ({"pyproject.toml": "[build-system]\nrequires = [{a = 1}]\n"},
+     "pyproject.toml: [build-system] requires must be a list of strings, not [{'a': 1}]"),
+    # Deep nesting: how each parser refuses it (RecursionError, MemoryError, SyntaxError) depends on the Python.
+    ({"pyproject.toml": "[build-system]\nrequires = " + "[" * 100_000 + "]" * 100_000}, "pyproject.toml: "),
+    ({"setup.py": "setup(setup_requires=" + "-" * 300_000 + "1)"}, "setup.py: "),
+    ({"setup.py": "setup(setup_requires=['wheel'])\0"}, "setup.py: source code string cannot contain null bytes"),
+    ({"setup.py": "#" * (2 << 20) + "\nsetup(setup_requires=['wheel'])"}, "setup.py is 2097184 bytes, over the 1 MiB"),
+    ({"pyproject.toml": "[build-system]\nrequires = ['wheel']\n", "setup.cfg": "[options\nsetup_requires = x"},
+     "setup.cfg: File contains no section headers."),
+    ({"setup.py": "setup(setup_requires=[f'{x}'])"}, "setup.py: setup_requires is computed"),
+])
+def test_campaign4_p18_malformed_build_metadata_falls_back_to_the_built_in_list_with_one_line(
+        tmp_path, capsys, monkeypatch, files, why):
+    _sdist(tmp_path, ADAM_SDIST, files)
+    monkeypatch.setattr(inst, "configured_sources", lambda python: inst.PipSources(find_links=(str(tmp_path),)))
+    info = inst.probe_build_requires(make_info(**CUDA_OK), inst.load_requirements("cuda"))
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert len(notes) == 1 and f"note: {ADAM_SDIST}: its build metadata is not used ({why}" in notes[0]
+    assert notes[0].endswith("install_dependencies.py's own list is used instead") and len(notes[0]) < 300
+    assert "adam-atan2" not in info.build_requires
+    tools = next(step for step in plan_for(info).steps if step.kind == "build-tools")
+    assert "setuptools_scm" in tools.argv
+
+
+def test_campaign4_p18_a_download_cut_short_falls_back_with_one_line(tmp_path, capsys, monkeypatch):
+    _sdist(tmp_path, ADAM_SDIST, {"setup.py": "setup(setup_requires=['setuptools_scm'])"})
+
+    class CutShort(io.BytesIO):
+        def read(self, size=-1):
+            raise http.client.IncompleteRead(b"", 100)
+
+    monkeypatch.setattr(inst.urllib.request, "urlopen", lambda url, timeout: CutShort())
+    found, lines = _read_adam(tmp_path, capsys)
+    assert found is None and lines == [f"note: {ADAM_SDIST}: cannot be downloaded (IncompleteRead(0 bytes read, 100 "
+                                       "more expected)); install_dependencies.py's own list is used instead"]
 
 
 def test_cuda_extra_already_installed_is_only_verified():
