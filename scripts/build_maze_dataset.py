@@ -1,5 +1,6 @@
 """Build a maze dataset (Maze-Hard) in the HRM on-disk format: a thin command line over :mod:`utils.data.maze`.
 
+    python scripts/build_maze_dataset.py --output-dir data/maze-30x30-hard-1k-aug --aug
     python scripts/build_maze_dataset.py --source-dir data/raw/maze-30x30-hard-1k \\
         --output-dir data/maze-30x30-hard-1k --aug
     python scripts/build_maze_dataset.py --generate --output-dir data/maze-gen-30x30-1k --aug --workers 2

@@ -162,7 +162,7 @@ def test_evaluate_flag(trained_run, tmp_path, capsys, flags, fragment):
     (["--generate", "--workers", "0"], "--workers must be >= 1, got 0"),
     (["--source-dir", "{missing}"], "not found"),
     (["--generate", "--source-dir", "{missing}"], "choose exactly one source"),
-    ([], "choose exactly one source"),
+    (["--generate", "--repo", "owner/data"], "--repo and --revision pick the Hugging Face Hub source"),
 ])
 def test_sudoku_builder_flag(tmp_path, capsys, flags, fragment):
     argv = [f.format(missing=tmp_path / "missing") for f in flags] + ["--output-dir", str(tmp_path / "out")]

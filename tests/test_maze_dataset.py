@@ -252,7 +252,8 @@ def test_generation_is_deterministic_for_any_worker_count(generated, tmp_path):
 
 def test_build_argument_errors(tmp_path):
     out = tmp_path / "x"
-    for kwargs, message in [({}, "choose exactly one source"),
+    for kwargs, message in [({"generate": True, "source_dir": tmp_path}, "choose exactly one source"),
+                            ({"generate": True, "revision": "v1"}, "--repo and --revision pick the Hugging Face Hub"),
                             ({"generate": True, "size": 1}, "--size must be >= 2"),
                             ({"generate": True, "size": 5, "min_path_length": 25},
                              r"--min-path-length must be in \[1, 24\]"),

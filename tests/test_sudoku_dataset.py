@@ -374,10 +374,12 @@ def test_malformed_csv_names_the_line(tmp_path, valid_rows, line, corrupt, messa
 
 
 def test_build_argument_errors(tmp_path):
-    with pytest.raises(DatasetError, match="choose exactly one source"):
-        builder.build_dataset(tmp_path / "x")
+    # Neither --source-dir nor --generate is the Hugging Face Hub (tests/test_hub_data.py): never two sources.
     with pytest.raises(DatasetError, match="choose exactly one source"):
         builder.build_dataset(tmp_path / "x", source_dir=tmp_path, generate=True)
+    for source in ({"generate": True}, {"source_dir": tmp_path}):
+        with pytest.raises(DatasetError, match="--repo and --revision pick the Hugging Face Hub source"):
+            builder.build_dataset(tmp_path / "x", repo="owner/data", **source)
     with pytest.raises(DatasetError, match="--min-difficulty is the old name of --min-rating: give one, not both"):
         builder.build_dataset(tmp_path / "x", generate=True, min_difficulty=3, min_rating=2)
     with pytest.raises(DatasetError, match="--min-rating must be >= 0, got -1"):
@@ -417,14 +419,16 @@ def test_cli(tmp_path, capsys, monkeypatch):
         builder.main(["--help"])
     assert exit_info.value.code == 0 and "--generate" in capsys.readouterr().out
     with pytest.raises(DatasetError, match="choose exactly one source"):  # callers such as pretrain.py get the error
-        builder.main(["--output-dir", str(tmp_path / "x")])
+        builder.main(["--generate", "--source-dir", str(tmp_path), "--output-dir", str(tmp_path / "x")])
     # Run as a script, an error is one line and exit status 2, as for the trainers.
-    monkeypatch.setattr(sys, "argv", ["build_sudoku_dataset.py", "--output-dir", str(tmp_path / "x")])
+    monkeypatch.setattr(sys, "argv", ["build_sudoku_dataset.py", "--generate", "--source-dir", str(tmp_path),
+                                      "--output-dir", str(tmp_path / "x")])
     with pytest.raises(SystemExit) as exit_info:
         runpy.run_path(str(REPO / "scripts" / "build_sudoku_dataset.py"), run_name="__main__")
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == ("error: choose exactly one source: --source-dir DIR "
-                                               "(Sudoku-Extreme train.csv/test.csv) or --generate")
+    assert capsys.readouterr().err.strip() == (
+        "error: choose exactly one source: --source-dir DIR, --generate, or neither to download the published CSVs "
+        "(Sudoku-Extreme train.csv/test.csv of sapientinc/sudoku-extreme) from the Hugging Face Hub")
     for flags, message in ((["--min-rating", "5", "--max-rating", "2"], "--max-rating must be >= --min-rating=5, got 2"),
                            (["--min-rating", "-1"], "--min-rating must be >= 0, got -1")):
         monkeypatch.setattr(sys, "argv", ["build_sudoku_dataset.py", "--generate", "--output-dir", str(tmp_path / "x"), *flags])

@@ -2,7 +2,9 @@
 
 The options are the keyword arguments of the builder (its command-line flags without the dashes):
 :func:`utils.data.sudoku.build_dataset`, :func:`utils.data.maze.build_maze_dataset` or
-:func:`utils.data.arc.build_arc_dataset`. ``kind`` defaults to ``sudoku``.
+:func:`utils.data.arc.build_arc_dataset`. ``kind`` defaults to ``sudoku``. A Sudoku or maze builder given neither
+``source_dir`` nor ``generate`` downloads the published CSVs from the Hugging Face Hub (``repo``, ``revision``), so
+``{kind: sudoku, subsample_size: 1000, num_aug: 1000}`` is Sudoku-Extreme 1k.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Pieces every puzzle-dataset builder shares: the output-directory rules, the atomic build, the dihedral
-transforms, generating distinct puzzles (in parallel, deterministically), subsampling the training set, and
-writing a split of one-example puzzles in the HRM on-disk format (utils/data/puzzle_dataset.py).
+"""Pieces every puzzle-dataset builder shares: the source (a directory, generation, or the Hugging Face Hub), the
+output-directory rules, the atomic build, the dihedral transforms, generating distinct puzzles (in parallel,
+deterministically), subsampling the training set, and writing a split of one-example puzzles in the HRM on-disk
+format (utils/data/puzzle_dataset.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import shutil
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -63,23 +65,80 @@ def inverse_dihedral(grid: np.ndarray, t: int) -> np.ndarray:
 
 
 def check_source_and_sizes(source_dir, generate: bool, source_hint: str, minimums: dict[str, tuple[int, int]],
-                           subsample_size: int | None) -> None:
-    """The argument checks every puzzle builder shares: exactly one source, sizes at or above their minimum.
+                           subsample_size: int | None, repo: str | None = None, revision: str | None = None) -> None:
+    """The argument checks every puzzle builder shares: at most one source (none: the Hub, see :func:`csv_source`),
+    ``repo``/``revision`` only for the Hub, sizes at or above their minimum.
 
     Args:
-        source_hint: what ``--source-dir`` holds, for the message (e.g. "Sudoku-Extreme train.csv/test.csv").
+        source_hint: what ``--source-dir`` holds and which Hub repo is the default, for the message (e.g.
+            "Sudoku-Extreme train.csv/test.csv, Hub repo sapientinc/sudoku-extreme").
         minimums: flag name (underscores) -> (value, smallest allowed).
 
     Raises:
         DatasetError: naming the flag and the value.
     """
-    if (source_dir is None) == (not generate):
-        raise DatasetError(f"choose exactly one source: --source-dir DIR ({source_hint}) or --generate")
+    if source_dir is not None and generate:
+        raise DatasetError(f"choose exactly one source: --source-dir DIR, --generate, or neither to download the "
+                           f"published CSVs ({source_hint}) from the Hugging Face Hub")
+    if (repo is not None or revision is not None) and (source_dir is not None or generate):
+        raise DatasetError("--repo and --revision pick the Hugging Face Hub source: drop them, or drop "
+                           f"{'--source-dir' if source_dir is not None else '--generate'}")
     for name, (value, low) in minimums.items():
         if value < low:
             raise DatasetError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
     if subsample_size is not None and subsample_size < 1:
         raise DatasetError(f"--subsample-size must be >= 1, got {subsample_size}")
+
+
+@dataclass(frozen=True)
+class CsvSource:
+    """Where a builder reads its CSVs: ``directory`` (None when it generates), and for a Hub build the ``record``
+    of what was fetched (repo, commit, each CSV's SHA-256 and rows), which each split's ``dataset.json`` keeps under
+    ``source``."""
+
+    directory: Path | None
+    record: dict | None = None
+
+
+def csv_source(source_dir, generate: bool, repo: str, revision: str | None) -> CsvSource:
+    """The CSVs a build reads: ``source_dir``; none with ``generate``; else ``repo`` at ``revision`` fetched from the
+    Hugging Face Hub into its cache (:func:`utils.data.hub_source.fetch_csvs`), printed as one ``source:`` line.
+    The Hub's files are then read exactly as a ``--source-dir`` with the same CSVs. Call it after
+    :func:`check_output_dir`, so a bad output path is refused before a download.
+
+    Raises:
+        DatasetError: the Hub's (see :func:`~utils.data.hub_source.fetch_csvs`).
+    """
+    if generate:
+        return CsvSource(None)
+    if source_dir is not None:
+        return CsvSource(Path(source_dir))
+    from utils.data.hub_source import fetch_csvs  # huggingface_hub is imported by Hub builds only
+
+    fetched = fetch_csvs(repo, revision)
+    print(fetched.summary(), flush=True)
+    return CsvSource(fetched.directory, fetched.record)
+
+
+def add_source_arguments(parser, csv_help: str, generate_help: str, repo: str) -> None:
+    """The builder flags that pick the source: ``--source-dir``, ``--generate``, and ``--repo``/``--revision`` for the
+    default, the Hugging Face Hub (``repo`` unless ``--repo`` names another)."""
+    source = parser.add_argument_group("source (default: the published CSVs from the Hugging Face Hub)")
+    source.add_argument("--source-dir", help=f"read the CSVs from this directory instead: {csv_help}")
+    source.add_argument("--generate", action="store_true", help=generate_help)
+    source.add_argument("--repo", help=f"the Hub dataset repo to download train.csv and test.csv from (default "
+                                       f"{repo}); they stay in the Hugging Face cache (HF_HOME), so HF_HUB_OFFLINE=1 "
+                                       "reruns need no network")
+    source.add_argument("--revision", help="a branch, tag or commit of the Hub repo (default main); dataset.json "
+                                           "records the commit it resolved to")
+
+
+def add_to_metadata(directory: Path, key: str, value) -> None:
+    """Add ``key: value`` to the split's ``dataset.json`` (the reference loaders ignore keys they do not know)."""
+    path = directory / "dataset.json"
+    metadata = json.loads(path.read_text())
+    metadata[key] = value
+    path.write_text(json.dumps(metadata))
 
 
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:

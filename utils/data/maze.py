@@ -1,10 +1,12 @@
 """Build a maze dataset (Maze-Hard) in the HRM on-disk format (see utils/data/puzzle_dataset.py).
 
-Two sources:
-  * ``--source-dir DIR``: the reference CSVs (``train.csv``, ``test.csv``; the Hugging Face dataset
-    ``sapientinc/maze-30x30-hard-1k``; columns ``source,question,answer,rating``). Each maze is a
-    size*size string over ``"# SGo"`` (wall, open, start, goal, path), row-major; the answer is the
-    question with its shortest path marked ``o`` (S and G stay).
+Three sources:
+  * by default, the reference CSVs (``train.csv``, ``test.csv``; columns ``source,question,answer,rating``) of
+    the Hugging Face dataset ``sapientinc/maze-30x30-hard-1k`` (``--repo``, ``--revision`` pick another),
+    downloaded into the Hugging Face cache as the reference builder downloads them (utils/data/hub_source.py).
+    Each maze is a size*size string over ``"# SGo"`` (wall, open, start, goal, path), row-major; the answer is
+    the question with its shortest path marked ``o`` (S and G stay);
+  * ``--source-dir DIR``: a local copy of those CSVs (the same CSVs give byte-identical arrays);
   * ``--generate``: offline generation of hard mazes whose shortest path is unique (see :func:`generate_maze`).
 
 The format follows the reference builder (``sapientinc/HRM`` dataset/build_maze_dataset.py):
@@ -17,8 +19,7 @@ maze is its own group. The test set is never augmented. ``dataset.json`` also ca
 reads the output too; like TRM's builder it holds the number of groups.
 
 Example (the reference "Maze-Hard 30x30 1k" with augmentation, the TRM recipe):
-    python scripts/build_maze_dataset.py --source-dir data/raw/maze-30x30-hard-1k \\
-        --output-dir data/maze-30x30-hard-1k --aug
+    python scripts/build_maze_dataset.py --output-dir data/maze-30x30-hard-1k-aug --aug
 """
 
 from __future__ import annotations
@@ -35,11 +36,12 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data import common
-from utils.data.common import (check_output_dir, check_source_and_sizes, dihedral, staged_dataset,
-                               write_one_example_split)
+from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
+                               csv_source, dihedral, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import DatasetError
 from utils.run.main import ArgumentParser
 
+HUB_REPO = "sapientinc/maze-30x30-hard-1k"  # the reference builder's source_repo
 CHARSET = "# SGo"  # token = index + 1; 0 is the pad
 WALL, OPEN, START, GOAL, PATH = range(1, 6)
 VOCAB_SIZE = len(CHARSET) + 1
@@ -315,17 +317,22 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
                        generate: bool = False, size: int = REFERENCE_SIZE, train_size: int = 1000, test_size: int = 1000,
                        min_path_length: int | None = None, wall_density: tuple[float, float] = WALL_DENSITY,
                        subsample_size: int | None = None, aug: bool = False, seed: int = 0, workers: int = 1,
-                       overwrite: bool = False) -> Path:
-    """Build a maze dataset at ``output_dir`` from the reference CSVs or by generation.
+                       overwrite: bool = False, repo: str | None = None, revision: str | None = None) -> Path:
+    """Build a maze dataset at ``output_dir`` from the reference CSVs (the Hugging Face Hub's, or a local copy) or by
+    generation.
 
     The dataset is written to a temporary sibling directory and renamed into place, so an interrupted
     build never leaves a half-written dataset. Deterministic for a given seed (also for any
     ``workers``). Generated mazes are pairwise distinct up to the 8 dihedral transforms, so no test
-    maze is a training maze or an augmentation of one.
+    maze is a training maze or an augmentation of one. A Hub build's ``dataset.json`` also records, under
+    ``source``, the repo, the commit and each CSV's SHA-256 and rows; its other files are byte-identical to a
+    ``source_dir`` build of the same CSVs.
 
     Args:
         output_dir: dataset root to create (see utils/data/puzzle_dataset.py for the layout).
-        source_dir: directory with ``train.csv`` and ``test.csv`` (exclusive with ``generate``).
+        source_dir: directory with ``train.csv`` and ``test.csv`` (exclusive with ``generate``). With neither,
+            the CSVs of the Hub dataset ``repo`` (default :data:`HUB_REPO`) at ``revision`` (default ``main``),
+            fetched into the Hugging Face cache (utils/data/hub_source.py).
         generate: generate ``train_size`` + ``test_size`` mazes of ``size`` x ``size`` (see :func:`generate_maze`).
         min_path_length: generated mazes' shortest path in moves is at least this (None: 110 at size 30, scaled).
         wall_density: (low, high) wall probability range for generation.
@@ -336,12 +343,13 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
     Returns:
         ``output_dir`` as a Path.
     Raises:
-        DatasetError: bad arguments, bad CSV content, or a non-empty ``output_dir``.
+        DatasetError: bad arguments, bad CSV content, a non-empty ``output_dir``, or a Hub fetch that failed (no such
+            repo, revision or file; the Hub out of reach with nothing cached).
     """
     output_dir = Path(output_dir)
-    check_source_and_sizes(source_dir, generate, "maze train.csv/test.csv",
+    check_source_and_sizes(source_dir, generate, f"maze train.csv/test.csv of {repo or HUB_REPO}",
                            {"train_size": (train_size, 1), "test_size": (test_size, 1), "size": (size, 2),
-                            "seed": (seed, 0), "workers": (workers, 1)}, subsample_size)
+                            "seed": (seed, 0), "workers": (workers, 1)}, subsample_size, repo, revision)
     if min_path_length is None:
         min_path_length = default_min_path_length(size)
     if not 1 <= min_path_length < size * size:
@@ -350,6 +358,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
     if not 0 <= low <= high < 1:
         raise DatasetError(f"--wall-density must be LOW HIGH with 0 <= LOW <= HIGH < 1, got {low} {high}")
     check_output_dir(output_dir, overwrite)
+    source = csv_source(source_dir, generate, repo or HUB_REPO, revision)
 
     if generate:
         train_q, train_a, test_q, test_a = common.generate_train_test(
@@ -357,17 +366,19 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
                                                                    wall_density, workers, exclude, desc),
             train_size, test_size, workers, "mazes")
     else:
-        source_dir = Path(source_dir)
-        train_q, train_a = read_maze_csv(source_dir / "train.csv")
-        test_q, test_a = read_maze_csv(source_dir / "test.csv")
+        train_q, train_a = read_maze_csv(source.directory / "train.csv")
+        test_q, test_a = read_maze_csv(source.directory / "test.csv")
         if train_q.shape[1:] != test_q.shape[1:]:
-            raise DatasetError(f"{source_dir}: train.csv holds {train_q.shape[1]}x{train_q.shape[2]} mazes but test.csv "
-                               f"{test_q.shape[1]}x{test_q.shape[2]}; one model needs one size")
+            raise DatasetError(f"{source.directory}: train.csv holds {train_q.shape[1]}x{train_q.shape[2]} mazes but "
+                               f"test.csv {test_q.shape[1]}x{test_q.shape[2]}; one model needs one size")
     train_q, train_a = common.subsample_training(train_q, train_a, subsample_size, np.random.default_rng(seed), "mazes")
 
     with staged_dataset(output_dir) as staging:
         _write_split(staging / "train", train_q, train_a, aug)
         _write_split(staging / "test", test_q, test_a, False)
+        if source.record is not None:
+            for split in ("train", "test"):
+                add_to_metadata(staging / split, "source", source.record)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
     variants = NUM_DIHEDRAL if aug else 1
@@ -385,8 +396,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser = ArgumentParser(
         prog="build_maze_dataset.py",
         description="Build a maze dataset (Maze-Hard) in the HRM on-disk format, from the reference CSVs "
-                    "(sapientinc/maze-30x30-hard-1k) or by generating hard mazes with a unique shortest path offline.",
+                    "(downloaded from the Hugging Face Hub, sapientinc/maze-30x30-hard-1k, as the reference builder "
+                    "does, or a local copy) or by generating hard mazes with a unique shortest path offline.",
         epilog="examples:\n"
+               "  python scripts/build_maze_dataset.py --output-dir data/maze-30x30-hard-1k-aug --aug\n"
                "  python scripts/build_maze_dataset.py --source-dir data/raw/maze-30x30-hard-1k "
                "--output-dir data/maze-30x30-hard-1k --aug\n"
                "  python scripts/build_maze_dataset.py --generate --output-dir data/maze-gen-30x30-1k --aug --workers 2\n"
@@ -394,10 +407,8 @@ def main(argv: list[str] | None = None) -> Path:
                "--output-dir data/maze-gen-12x12",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = parser.add_argument_group("source (pick one)")
-    source.add_argument("--source-dir", help="directory holding the reference train.csv and test.csv (columns "
-                                             "source,question,answer,rating; mazes over '# SGo', path marked 'o')")
-    source.add_argument("--generate", action="store_true", help="generate hard mazes offline instead")
+    add_source_arguments(parser, "the reference train.csv and test.csv (columns source,question,answer,rating; mazes "
+                                 "over '# SGo', path marked 'o')", "generate hard mazes offline instead", HUB_REPO)
     parser.add_argument("--output-dir", required=True, help="dataset directory to create")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
     parser.add_argument("--aug", action="store_true",
@@ -420,4 +431,5 @@ def main(argv: list[str] | None = None) -> Path:
         args.output_dir, source_dir=args.source_dir, generate=args.generate, size=args.size, train_size=args.train_size,
         test_size=args.test_size, min_path_length=args.min_path_length, wall_density=tuple(args.wall_density),
         subsample_size=args.subsample_size, aug=args.aug, seed=args.seed, workers=args.workers, overwrite=args.overwrite,
+        repo=args.repo, revision=args.revision,
     )

@@ -1,8 +1,10 @@
 """Build a Sudoku dataset in the HRM on-disk format (see utils/data/puzzle_dataset.py).
 
-Two sources:
-  * ``--source-dir DIR``: the Sudoku-Extreme CSVs (``train.csv``, ``test.csv``; columns
-    ``source,question,answer,rating``; the Hugging Face dataset ``sapientinc/sudoku-extreme``).
+Three sources:
+  * by default, the Sudoku-Extreme CSVs (``train.csv``, ``test.csv``; columns ``source,question,answer,rating``)
+    of the Hugging Face dataset ``sapientinc/sudoku-extreme`` (``--repo``, ``--revision`` pick another),
+    downloaded into the Hugging Face cache as the reference builder downloads them (utils/data/hub_source.py);
+  * ``--source-dir DIR``: a local copy of those CSVs (the same CSVs give byte-identical arrays);
   * ``--generate``: offline generation of unique-solution puzzles: a random full grid, then
     clues removed in random order while the solution stays unique (a minimal puzzle), kept when its
     blanks and its rating (utils/data/sudoku_rating.py: the solver's guesses, 0 = naked and hidden
@@ -15,8 +17,8 @@ identifier. Each training puzzle forms a group with its ``--num-aug`` augmentati
 variant is its own one-example puzzle. The test set is never augmented.
 
 Example (the HRM "Sudoku-Extreme 1k" recipe):
-    python scripts/build_sudoku_dataset.py --source-dir data/raw/sudoku-extreme \\
-        --output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000
+    python scripts/build_sudoku_dataset.py --output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 \\
+        --num-aug 1000
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from tqdm import tqdm
 
 from utils.data import common
 from utils.data import sudoku_rating
-from utils.data.common import check_output_dir, check_source_and_sizes, staged_dataset, write_one_example_split
+from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
+                               csv_source, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import DatasetError
 from utils.run.main import ArgumentParser
 
+HUB_REPO = "sapientinc/sudoku-extreme"  # the reference builder's source_repo
 SEQ_LEN = 81
 VOCAB_SIZE = 11  # pad, blank, digits 1..9
 CSV_HEADER = ["source", "question", "answer", "rating"]
@@ -354,14 +358,6 @@ def rating_summary(ratings: np.ndarray, scale: str) -> dict:
             "histogram": histogram}
 
 
-def _add_ratings(directory: Path, summary: dict) -> None:
-    """Add ``summary`` to the split's ``dataset.json`` under ``ratings`` (the reference loaders ignore extra keys)."""
-    path = directory / "dataset.json"
-    metadata = json.loads(path.read_text())
-    metadata["ratings"] = summary
-    path.write_text(json.dumps(metadata))
-
-
 def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | None, max_rating: int | None,
                   min_difficulty: int | None, minimal: bool, generate: bool) -> int | None:
     """``min_rating`` after folding in its deprecated name ``min_difficulty``; raises DatasetError for blank or
@@ -382,7 +378,7 @@ def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | Non
     if max_rating is not None and max_rating < (min_rating or 0):
         raise DatasetError(f"--max-rating must be >= --min-rating={min_rating or 0}, got {max_rating}")
     if minimal and not generate:
-        raise DatasetError("--minimal shapes generated puzzles: use it with --generate, not --source-dir")
+        raise DatasetError("--minimal shapes generated puzzles: use it with --generate, not with CSVs")
     return min_rating
 
 
@@ -418,8 +414,10 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                   train_size: int = 1000, test_size: int = 1000, min_blanks: int = 45, max_blanks: int | None = None,
                   minimal: bool = False, min_rating: int | None = None, max_rating: int | None = None,
                   min_difficulty: int | None = None, subsample_size: int | None = None, num_aug: int = 0, seed: int = 0,
-                  workers: int = 1, overwrite: bool = False) -> Path:
-    """Build a Sudoku dataset at ``output_dir`` from Sudoku-Extreme CSVs or by generation.
+                  workers: int = 1, overwrite: bool = False, repo: str | None = None,
+                  revision: str | None = None) -> Path:
+    """Build a Sudoku dataset at ``output_dir`` from Sudoku-Extreme CSVs (the Hugging Face Hub's, or a local copy) or
+    by generation.
 
     The dataset is written to a temporary sibling directory and renamed into place, so an
     interrupted build never leaves a half-written dataset. Deterministic for a given seed
@@ -427,11 +425,14 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     symmetries) to a training grid, so no test puzzle is a training puzzle or an augmentation of one.
     Each split's ``dataset.json`` also holds its rating distribution (:func:`rating_summary`; generated
     puzzles rated by :func:`utils.data.sudoku_rating.rate`, CSV rows by their ``rating`` column), which is
-    printed at the end.
+    printed at the end. A Hub build's ``dataset.json`` also records, under ``source``, the repo, the commit and each
+    CSV's SHA-256 and rows; its other files are byte-identical to a ``source_dir`` build of the same CSVs.
 
     Args:
         output_dir: dataset root to create (see utils/data/puzzle_dataset.py for the layout).
-        source_dir: directory with ``train.csv`` and ``test.csv`` (exclusive with ``generate``).
+        source_dir: directory with ``train.csv`` and ``test.csv`` (exclusive with ``generate``). With neither,
+            the CSVs of the Hub dataset ``repo`` (default :data:`HUB_REPO`) at ``revision`` (default ``main``),
+            fetched into the Hugging Face cache (utils/data/hub_source.py).
         generate: generate ``train_size`` + ``test_size`` puzzles with ``min_blanks`` to ``max_blanks``
             blanks (``max_blanks`` None: as many as uniqueness allows, 53-60).
         minimal: ``generate`` only: remove every clue that uniqueness allows (the default without
@@ -446,18 +447,20 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     Returns:
         ``output_dir`` as a Path.
     Raises:
-        DatasetError: bad arguments, bad CSV content, unreachable bounds, or a non-empty ``output_dir``.
+        DatasetError: bad arguments, bad CSV content, unreachable bounds, a non-empty ``output_dir``, or a Hub
+            fetch that failed (no such repo, revision or file; the Hub out of reach with nothing cached).
     """
     output_dir = Path(output_dir)
-    check_source_and_sizes(source_dir, generate, "Sudoku-Extreme train.csv/test.csv",
+    check_source_and_sizes(source_dir, generate, f"Sudoku-Extreme train.csv/test.csv of {repo or HUB_REPO}",
                            {"train_size": (train_size, 1), "test_size": (test_size, 1), "num_aug": (num_aug, 0),
-                            "seed": (seed, 0), "workers": (workers, 1)}, subsample_size)
+                            "seed": (seed, 0), "workers": (workers, 1)}, subsample_size, repo, revision)
     min_rating = _check_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate)
     check_output_dir(output_dir, overwrite)
+    source = csv_source(source_dir, generate, repo or HUB_REPO, revision)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     (train_q, train_a, train_r), (test_q, test_a, test_r), scale = _source_puzzles(
-        source_dir, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
+        source.directory, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
         seed, workers)
     # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
     keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
@@ -469,7 +472,9 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
         _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
         _write_split(staging / "test", test_q, test_a, 0, augment_rng)
         for split, summary in summaries.items():
-            _add_ratings(staging / split, summary)
+            add_to_metadata(staging / split, "ratings", summary)
+            if source.record is not None:
+                add_to_metadata(staging / split, "source", source.record)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
     print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
@@ -484,19 +489,20 @@ def main(argv: list[str] | None = None) -> Path:
         DatasetError: as ``build_dataset`` (run as a script, it is printed as one line, exit status 2).
     """
     parser = ArgumentParser(
-        description=__doc__.split("\n\n")[0] + " Reads Sudoku-Extreme CSVs or generates unique-solution puzzles offline.",
+        description=__doc__.split("\n\n")[0] + " Downloads the Sudoku-Extreme CSVs from the Hugging Face Hub (as the "
+                    "reference builder does), reads a local copy, or generates unique-solution puzzles offline.",
         epilog="examples:\n"
+               "  python scripts/build_sudoku_dataset.py --output-dir data/sudoku-extreme-1k-aug-1000 "
+               "--subsample-size 1000 --num-aug 1000\n"
+               "  python scripts/build_sudoku_dataset.py --source-dir data/raw/sudoku-extreme "
+               "--output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000\n"
                "  python scripts/build_sudoku_dataset.py --generate --output-dir data/sudoku-gen-1k-aug-1000 --num-aug 1000\n"
                "  python scripts/build_sudoku_dataset.py --generate --minimal --min-rating 1 --output-dir data/sudoku-gen-hard-1k "
-               "--workers 2\n"
-               "  python scripts/build_sudoku_dataset.py --source-dir data/raw/sudoku-extreme "
-               "--output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000",
+               "--workers 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    source = parser.add_argument_group("source (pick one)")
-    source.add_argument("--source-dir", help="directory holding Sudoku-Extreme train.csv and test.csv "
-                                             "(columns source,question,answer,rating; '.' = blank)")
-    source.add_argument("--generate", action="store_true", help="generate unique-solution puzzles offline instead")
+    add_source_arguments(parser, "Sudoku-Extreme train.csv and test.csv (columns source,question,answer,rating; "
+                                 "'.' = blank)", "generate unique-solution puzzles offline instead", HUB_REPO)
     parser.add_argument("--output-dir", required=True, help="dataset directory to create")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
     parser.add_argument("--subsample-size", type=int, help="keep this many random training puzzles (e.g. 1000 for the 1k recipe)")
@@ -527,5 +533,5 @@ def main(argv: list[str] | None = None) -> Path:
         test_size=args.test_size, min_blanks=args.min_blanks, max_blanks=args.max_blanks, minimal=args.minimal,
         min_rating=args.min_rating, max_rating=args.max_rating, min_difficulty=args.min_difficulty,
         subsample_size=args.subsample_size, num_aug=args.num_aug, seed=args.seed, workers=args.workers,
-        overwrite=args.overwrite,
+        overwrite=args.overwrite, repo=args.repo, revision=args.revision,
     )
