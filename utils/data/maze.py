@@ -39,7 +39,7 @@ from utils.data import common
 from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
                                csv_source, dihedral, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import DatasetError
-from utils.run.main import ArgumentParser
+from utils.cli import ArgumentParser
 
 HUB_REPO = "sapientinc/maze-30x30-hard-1k"  # the reference builder's source_repo
 CHARSET = "# SGo"  # token = index + 1; 0 is the pad

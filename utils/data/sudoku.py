@@ -40,7 +40,7 @@ from utils.data import sudoku_rating
 from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
                                csv_source, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import DatasetError
-from utils.run.main import ArgumentParser
+from utils.cli import ArgumentParser
 
 HUB_REPO = "sapientinc/sudoku-extreme"  # the reference builder's source_repo
 SEQ_LEN = 81

@@ -57,7 +57,7 @@ from PIL import Image, ImageDraw
 from tqdm import tqdm
 
 from utils.errors import UserError
-from utils.run.main import ArgumentParser
+from utils.cli import ArgumentParser
 
 MIN_KEYPOINTS, MAX_KEYPOINTS = 8, 68
 KINDS = ("outline", "stick", "animal")

@@ -8,27 +8,19 @@ could not go on) the same way with exit code 1. Anything else is a bug and keeps
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
-from typing import Callable, NoReturn
+from typing import Callable
 
 import torch.distributed as dist
 
+from utils.cli import ArgumentParser  # noqa: F401  (the entry points' parser, re-exported while they move)
 from utils.distributed import Dist, init_distributed
 from utils.errors import RunFailure, UserError
 from utils.run.stop import GracefulStop, StoppedAtOnce, signal_exit_code
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse with the project's error style: a bad flag is one ``error:`` line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr, flush=True)
-        raise SystemExit(2)
 
 
 def setup_logging(rank: Dist = Dist()) -> None:
