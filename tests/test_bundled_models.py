@@ -6,13 +6,15 @@ tests/test_bundling.py."""
 
 import hashlib
 import re
+import shutil
 
 import pytest
 import torch
 
 import solve
 from utils.data.user_puzzles import parse_sudoku, sudoku_problems
-from utils.eval.load import load_trained
+from utils.eval.load import load_trained, read_card
+from utils.run.checkpoint import CheckpointError
 from utils.eval.solving import BUNDLED, BUNDLED_DIR
 
 # Puzzle 1 of the hard recipe's test split (minimal, 25 givens, rating 5: singles alone do not solve it), never
@@ -34,6 +36,20 @@ def test_each_bundled_model_loads_and_its_card_describes_the_file(task):
     assert hashlib.sha256(path.read_bytes()).hexdigest() in card and f"{path.stat().st_size:,} bytes" in card
     assert f"{sum(p.numel() for p in trained.head.model.parameters()):,} parameters" in card
     assert len(re.findall(r"\*\*\d+\.\d%\*\* exact \(95% CI \d+\.\d-\d+\.\d%, n=\d+\)", card)) == 2
+
+
+@pytest.mark.parametrize("task", sorted(BUNDLED))
+def test_campaign4_p12_each_shipped_model_is_checked_against_its_card_when_loaded(task, tmp_path):
+    path = BUNDLED_DIR / BUNDLED[task].file
+    card = read_card(path)  # the card the load path finds and reads
+    assert (card.size, card.sha256) == (path.stat().st_size, hashlib.sha256(path.read_bytes()).hexdigest())
+    copy = tmp_path / path.name
+    shutil.copyfile(card.path, copy.with_suffix(".md"))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the weights
+    copy.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"the card says {card.size:,} bytes with SHA-256 {card.sha256}"):
+        load_trained(str(copy), torch.device("cpu"), torch.float32, 1)
 
 
 def test_the_bundled_models_add_a_few_mb_at_most():

@@ -6,7 +6,8 @@ finished build or evaluation: :func:`check_writable_dir`, :func:`check_writable_
 and removes a uniquely named probe in the nearest existing directory; it never touches anything else.
 
 The write itself goes through :func:`write_atomically`: a temporary file beside the target, then a
-rename, so a full disk leaves the previous file (or none) and one line saying what it needed.
+rename, so a full disk leaves the previous file (or none) and one line saying what it needed. Files that belong
+together (a model and its card) are staged whole, then moved into place together (:func:`replace_together`).
 
 Nothing a command did not write is overwritten, the same way in every command: a result whose file name is taken
 in the output folder (the user's file, or an earlier run's) is written beside it under the next free numbered name,
@@ -17,6 +18,7 @@ explicitly (``--submission x.json``) is theirs to replace, and the command says 
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -36,6 +38,10 @@ def _process_umask() -> int:
     return umask
 
 
+# Failures that making room cures; any other failed write is about the place, and says so.
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+# A name longer than this (in bytes) is refused where the file system does not tell its own limit.
+_NAME_MAX = 255
 # mkstemp makes its file 0600; a finished output gets the mode open() would give it, as the user's umask asks.
 _FILE_MODE = 0o666 & ~_process_umask()
 
@@ -64,22 +70,28 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
 
 
 def check_writable_file(path: str | os.PathLike, what: str) -> None:
-    """Refuse a file path that cannot be written, before any work: an existing directory, or a parent
-    directory that cannot be created or written into (see :func:`check_writable_dir`).
+    """Refuse a file path that cannot be written, before any work: an existing directory, a name longer than the
+    file system takes, or a parent directory that cannot be created or written into (see :func:`check_writable_dir`).
 
     Raises:
         OutputPathError: naming ``what``, ``path`` and the reason.
     """
     path = Path(path)
+    _check_name_length(path, what)  # first: stat() of a name past the limit raises ENAMETOOLONG
     if path.is_dir():
         raise OutputPathError(f"{what} {path} is a directory; give the path of a file to write")
     _check_can_create(path, path.parent, what)
 
 
+def _nearest_existing(directory: Path) -> Path:
+    """``directory`` (made absolute) or its nearest ancestor that exists."""
+    directory = directory.absolute()
+    return next(p for p in (directory, *directory.parents) if os.path.lexists(p))
+
+
 def _check_can_create(target: Path, directory: Path, what: str) -> None:
     """Raise unless ``directory`` (where ``target`` goes), or its nearest existing ancestor, takes a new directory."""
-    directory = directory.absolute()
-    existing = next(p for p in (directory, *directory.parents) if os.path.lexists(p))
+    existing = _nearest_existing(directory)
     verb = "cannot be written" if os.path.lexists(target) else "cannot be created"
     if not existing.is_dir():
         raise OutputPathError(f"{what} {target} {verb}: {existing} is not a directory; choose another location")
@@ -88,6 +100,20 @@ def _check_can_create(target: Path, directory: Path, what: str) -> None:
     except OSError as e:
         raise OutputPathError(f"{what} {target} {verb}: {existing} is not writable ({e.strerror or e}); "
                               "choose a writable location") from None
+
+
+def _check_name_length(path: Path, what: str) -> None:
+    """Raise unless ``path``'s file name fits the file system it goes to (its own limit, else 255 bytes)."""
+    existing = _nearest_existing(path.parent)
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (AttributeError, ValueError, OSError):  # no pathconf (Windows), or a file system that does not say
+        limit = _NAME_MAX
+    size = len(os.fsencode(path.name))
+    if 0 < limit < size:  # -1: the file system sets no limit
+        shown = path.name if len(path.name) <= 40 else f"{path.name[:40]}..."
+        raise OutputPathError(f"{what} {path.parent / shown}: the file name is {size:,} bytes, more than the {limit} "
+                              f"a file name may have in {existing}; choose a shorter name")
 
 
 def unused_stem(folder: str | os.PathLike, stem: str, endings: Sequence[str]) -> str:
@@ -140,7 +166,8 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None],
     written, tmp = 0, None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        # A short prefix: a name that fits the file system keeps fitting with the temporary file's additions.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:32]}.", suffix=".tmp", dir=path.parent)
         os.chmod(tmp, _FILE_MODE)  # by path: os.fchmod is missing on Windows before Python 3.13
         with os.fdopen(fd, "wb") as f:
             try:
@@ -156,10 +183,54 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None],
         cause = _os_error(e) if isinstance(e, Exception) else None  # Ctrl-C stays Ctrl-C
         if cause is None:
             raise
+        if cause.errno == errno.ENAMETOOLONG:  # the name is at fault, not the room: no advice to free space
+            raise OutputPathError(f"could not write {what} {path}: a name in that path is longer than the file "
+                                  "system takes; choose a shorter name") from None
+        cure = "free some space or choose another location" if cause.errno in _NO_ROOM else "choose another location"
         raise OutputWriteError(f"could not write {what} {path} ({cause.strerror or cause}) after {written:,} bytes, "
-                               f"{_free_space(path.parent)}; {path} was not changed: free some space or choose "
-                               "another location, then run again") from None
+                               f"{_free_space(path.parent)}; {path} was not changed: {cure}, then run again") from None
     return path
+
+
+def replace_together(moves: dict[Path, Path], what: str) -> None:
+    """Move each complete staged file over its target, all or none, so files that describe each other (a model and
+    its card) are never left half old, half new by a failure.
+
+    Args:
+        moves: ``{target: staged}``; each staged file lies in a folder of its own on the targets' file system (it
+            is renamed, not copied), and that folder also takes the previous targets' backups.
+        what: what the files are, for the message (e.g. ``"bundled model and card"``).
+    Raises:
+        OutputWriteError: a move failed with an OSError; every target is back as it was.
+    """
+    backups, moved = {}, []
+    try:
+        for target, staged in moves.items():
+            if os.path.lexists(target):
+                backups[target] = staged.with_name(f"{staged.name}.previous")
+                _keep_copy(target, backups[target])
+        for target, staged in moves.items():
+            os.replace(staged, target)
+            moved.append(target)
+    except BaseException as e:
+        for target in reversed(moved):
+            if target in backups:
+                os.replace(backups[target], target)
+            else:
+                target.unlink(missing_ok=True)
+        cause = _os_error(e) if isinstance(e, Exception) else None
+        if cause is None:
+            raise
+        raise OutputWriteError(f"could not move the {what} into place ({cause.strerror or cause}); "
+                               f"{', '.join(map(str, moves))} were not changed: choose another location") from None
+
+
+def _keep_copy(path: Path, backup: Path) -> None:
+    """``backup`` holds what ``path`` holds: a hard link where the file system has them, else a copy."""
+    try:
+        os.link(path, backup, follow_symlinks=False)
+    except OSError:
+        shutil.copy2(path, backup, follow_symlinks=False)
 
 
 def _os_error(error: BaseException | None) -> OSError | None:

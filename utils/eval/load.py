@@ -4,11 +4,17 @@ checkpoint), or a Hugging Face Hub repository (``hf://owner/repo[/file]``).
 Accepts our checkpoints (``step_<N>.pt`` and ``best.pt``, which carry their settings and, since they record it,
 the data's ``seq_len`` and ``vocab_size``) and the reference repositories' released ones (a raw state dict named
 ``checkpoint`` or ``step_<N>`` next to ``all_config.yaml``).
+
+A bundled model (``<name>.pt`` with the card ``<name>.md`` that ``scripts/bundle_model.py`` wrote beside it) is
+checked against its card on every load: a file whose size or SHA-256 is not the card's is refused, so weights
+damaged or swapped after they were measured never answer in the card's name.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -24,6 +30,76 @@ from utils.run.checkpoint import CheckpointError, safe_load
 from utils.run.run_dir import newest_loadable, read_manifest, recorded_checkpoints
 
 log = logging.getLogger(__name__)
+
+# The introduction of every card scripts/bundle_model.py writes says so; a Markdown file beside a model without it
+# is someone's notes, not a card.
+CARD_MARK = "bundled with `scripts/bundle_model.py`"
+_CARD_FILE_ROW = re.compile(r"^\| file \| `[^`]+`, (?P<size>[\d,]+) bytes\b.*?SHA-256 `(?P<sha256>[0-9a-f]{64})`", re.M)
+
+
+@dataclass(frozen=True)
+class Card:
+    """What the card of a bundled model (``path``) records of its file: ``size`` in bytes and ``sha256`` (hex)."""
+
+    path: Path
+    size: int
+    sha256: str
+
+
+def card_path(model: Path) -> Optional[Path]:
+    """The card of the bundled model ``model`` (``<stem>.md`` beside it), when there is one that
+    ``scripts/bundle_model.py`` wrote (its introduction names the script); None otherwise."""
+    path = model.with_suffix(".md")
+    try:
+        with open(path, encoding="utf-8") as f:
+            introduction = f.read(4096).split("\n|", 1)[0]  # the text above the card's table
+    except (OSError, UnicodeDecodeError):  # no such file, a folder, unreadable or not text: not a card
+        return None
+    return path if introduction.startswith("# ") and CARD_MARK in introduction else None
+
+
+def read_card(model: Path) -> Optional[Card]:
+    """The size and SHA-256 the card of the bundled model ``model`` records (see :func:`card_path`); None when
+    ``model`` has no card.
+
+    Raises:
+        CheckpointError: a card without its ``file`` row (size and SHA-256).
+    """
+    path = card_path(model)
+    if path is None:
+        return None
+    found = _CARD_FILE_ROW.search(path.read_text(encoding="utf-8", errors="replace"))
+    if found is None:
+        raise CheckpointError(f"{path}, the card of {model}, records no size and SHA-256 (its `| file |` row): "
+                              "restore the card, or bundle the model again with scripts/bundle_model.py")
+    return Card(path, int(found["size"].replace(",", "")), found["sha256"])
+
+
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path``, as hex, read in 1 MiB pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while piece := f.read(1 << 20):
+            digest.update(piece)
+    return digest.hexdigest()
+
+
+def check_against_card(model: Path) -> None:
+    """Refuse a bundled model that is not the file its card describes (no card: nothing to check).
+
+    Raises:
+        CheckpointError: the size or the SHA-256 differs from the card's, naming both hashes; or a card without
+            them (:func:`read_card`).
+    """
+    card = read_card(model) if model.is_file() else None
+    if card is None:
+        return
+    size, digest = model.stat().st_size, file_sha256(model)
+    if (size, digest) != (card.size, card.sha256):
+        raise CheckpointError(f"{model} is not the file its card {card.path.name} describes: it is {size:,} bytes "
+                              f"with SHA-256 {digest}, the card says {card.size:,} bytes with SHA-256 {card.sha256}; "
+                              "restore the file (a shipped model: git checkout -- the file), or bundle it again with "
+                              "scripts/bundle_model.py")
 
 
 def resolve_checkpoint(spec: str) -> tuple[Path, str]:
@@ -106,10 +182,12 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
     else from ``seq_len`` (a puzzle's own) with the vocabulary read off the weights.
 
     Raises:
-        CheckpointError, ConfigError: see :func:`resolve_checkpoint` and :func:`checkpoint_settings`; the weights
-            do not fit the architecture; or the data sizes cannot be told.
+        CheckpointError, ConfigError: see :func:`resolve_checkpoint`, :func:`check_against_card` (a bundled model
+            that is not the file its card describes) and :func:`checkpoint_settings`; the weights do not fit the
+            architecture; or the data sizes cannot be told.
     """
     path, note = resolve_checkpoint(spec)
+    check_against_card(path)
     payload = safe_load(path)
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path} holds a {type(payload).__name__}, not a checkpoint (a dict)")

@@ -78,7 +78,7 @@ def read_manifest(directory: Path) -> dict | None:
     return manifest
 
 
-def _run_outputs(directory: Path) -> list[str]:
+def run_outputs(directory: Path) -> list[str]:
     if not directory.is_dir():
         return []
     return sorted(p.name for p in directory.iterdir() if p.name in RUN_FILES or _RUN_OUTPUT.fullmatch(p.name))
@@ -190,7 +190,7 @@ class RunDirectory:
         if manifest is not None and manifest.get("trainer", trainer) != trainer:
             raise RunDirError(f"{path} holds a {manifest.get('trainer')} run, not a {trainer} run; choose another directory")
         if manifest is None:
-            outputs = _run_outputs(path)
+            outputs = run_outputs(path)
             if outputs and not resuming:
                 raise RunDirError(f"{path} already holds files of another run ({', '.join(outputs[:4])}); "
                                   f"{resume_hint} to continue it, or choose a new directory")
@@ -272,7 +272,7 @@ class RunDirectory:
         metrics = self.path / "metrics.jsonl"
         if not self.fresh or self.written or (metrics.is_file() and metrics.stat().st_size > 0):
             return
-        for name in _run_outputs(self.path):
+        for name in run_outputs(self.path):
             if name not in self._before:
                 target = self.path / name
                 shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
