@@ -79,6 +79,8 @@ def read_manifest(directory: Path) -> dict | None:
 
 
 def run_outputs(directory: Path) -> list[str]:
+    """The names of the files in ``directory`` that a run writes (run.json, plan.yaml, checkpoints, ...), sorted; []
+    when it is not a directory."""
     if not directory.is_dir():
         return []
     return sorted(p.name for p in directory.iterdir() if p.name in RUN_FILES or _RUN_OUTPUT.fullmatch(p.name))
