@@ -601,7 +601,6 @@ def report_start(args, plan: Plan, data: CapeData, state: CapeTrainState, sessio
 def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
     """The whole run; returns 0 when the schedule (and the test) is done, ``stopper.exit_code`` when a signal stopped it."""
     clock = Clock()
-    faults.planned()  # a malformed RUN_SIGNAL_AT is refused before any work
     args, plan, device = resolve_settings(argv, rank)
     configure_backends(device, args.cudnn_benchmark, deterministic=args.cudnn_deterministic, warn_only=True)
     if args.eval_only:
@@ -647,7 +646,10 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_main(lambda rank, stopper: train(argv, rank, stopper))
+    def body(rank: Dist, stopper: GracefulStop) -> int:
+        with faults.armed():  # this trainer's own entry: the test hook RUN_SIGNAL_AT may stop it
+            return train(argv, rank, stopper)
+    return run_main(body)
 
 
 if __name__ == "__main__":

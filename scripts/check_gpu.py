@@ -9,6 +9,9 @@ first line names the GPU, its driver, and the torch, CUDA and cuDNN versions. Th
 is ok, 1 otherwise, and 1 with one line where there is no NVIDIA GPU (nothing is checked then).
 
 ``--device cpu`` rehearses the checks on the CPU (for testing this script; the CUDA-only checks are skipped).
+
+Ctrl-C or SIGTERM ends the commands still running, each with its own processes (DataLoader workers, torchrun's),
+removes the scratch folder, and exits 130 or 143 with one line.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import io
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +45,7 @@ from utils.errors import UserError  # noqa: E402
 from utils.run.main import ArgumentParser, cli_main  # noqa: E402
 
 TIMEOUT_S = 300
+GRACE_S = 20  # a stopped command's time to end on its own (a trainer checkpoints; torchrun ends its workers)
 SUDOKU = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
 TINY = ["--config-name=cfg_pretrain_cpu", "arch.hidden_size=64", "arch.num_heads=2", "arch.H_layers=1",
         "arch.L_layers=1", "arch.halt_max_steps=2", "arch.expansion=2", "global_batch_size=32", "epochs=2",
@@ -50,19 +56,121 @@ CAPE = ["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4", 
         "1", "--batch_size", "2", "--accumulation_steps", "1", "--epochs", "1", "--episodes_per_epoch", "8"]
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM reached this script (a BaseException, so no check's ``except Exception`` takes it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (Linux: from /proc; elsewhere none), whatever their process group: torchrun
+    starts each worker in a session of its own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
+
+
+def end(procs: list[subprocess.Popen], signum: int) -> None:
+    """Send ``signum`` to each command's process group and give them :data:`GRACE_S` seconds to end (a trainer
+    checkpoints, torchrun ends its workers); then kill each one left, and every process that was below one and
+    outlived it."""
+    below = [pid for proc in procs for pid in descendants(proc.pid)]
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signum)
+    deadline = time.monotonic() + GRACE_S
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            below += descendants(proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Commands:
+    """The commands the checks run, each in a process group of its own, so that a timeout or a stop of this script
+    ends each one whole, and a Ctrl-C at the terminal reaches them only through :meth:`ended_on_stop`."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen] = set()
+        self._stopping = False
+
+    def run(self, argv: list[str]) -> subprocess.CompletedProcess:
+        """Run ``argv`` from the repository, the output captured.
+
+        Raises:
+            subprocess.TimeoutExpired: it ran past :data:`TIMEOUT_S` (it was ended). RuntimeError: the script is
+            stopping (nothing was started).
+        """
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError("not started: the checks are stopping")
+            proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=self.env, start_new_session=True)
+            self._running.add(proc)
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            end([proc], signal.SIGTERM)
+            raise
+        finally:
+            with self._lock:
+                self._running.discard(proc)
+        return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+    @contextlib.contextmanager
+    def ended_on_stop(self):
+        """On :class:`Stopped` inside the block, pass the signal on to every command still running and wait for them
+        to end (:func:`end`), then let it go on; no command starts after it."""
+        try:
+            yield
+        except Stopped as e:
+            with self._lock:
+                self._stopping, running = True, list(self._running)
+            end(running, e.signum)
+            raise
+
+
 @dataclass
 class Context:
-    """What the checks share: the device, the interpreter, a scratch folder with the tiny datasets."""
+    """What the checks share: the device, a scratch folder with the tiny datasets, and the commands running."""
 
     device: str
     work: Path
     sudoku: Path
     cape: Path
+    commands: Commands
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        """Run ``python argv`` from the repository, the output captured."""
-        return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    def run(self, argv: list[str]) -> subprocess.CompletedProcess:
+        """Run ``python argv`` from the repository, the output captured (:meth:`Commands.run`)."""
+        return self.commands.run([sys.executable, *argv])
+
+
+def child_env(work: Path) -> dict[str, str]:
+    """The commands' environment: unbuffered, no progress bars (their output is read, not watched), and temporary
+    files (torchrun's ``torchelastic_*`` among them) inside ``work``, which goes when the checks end."""
+    tmp = work / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1", "TMPDIR": str(tmp)}
 
 
 class Ok(str):
@@ -95,12 +203,27 @@ def expect(done: subprocess.CompletedProcess, *needles: str) -> str | None:
     return f"did not print {missing[0]!r}" if missing else None
 
 
-def pretrain(ctx: Context, run: str, *extra: str, needles: tuple[str, ...] = ()) -> str | None:
-    return expect(ctx.run(["pretrain.py", *TINY, f"data_path={ctx.sudoku}", f"device={ctx.device}",
-                           f"checkpoint_path={ctx.work / run}", *extra]), *needles)
+def decisions(done: subprocess.CompletedProcess) -> Ok:
+    """What a trainer said it decided about precision and torch.compile (``precision float32, torch.compile off``):
+    the note of its check, so the line says what ran, not what a GPU would run."""
+    text = done.stdout + done.stderr
+    found = [f"{name} {m.group(1)}" for name in ("precision", "torch.compile")
+             if (m := re.search(rf"\b{re.escape(name)}: (\S+) \(", text))]
+    return Ok(", ".join(found))
+
+
+def trainer(done: subprocess.CompletedProcess, *needles: str) -> str | None:
+    """:func:`expect`, and for a trainer that ran, what it decided (:func:`decisions`)."""
+    return expect(done, *needles) or decisions(done)
+
+
+def pretrain(ctx: Context, run: str, *extra: str) -> str | None:
+    return trainer(ctx.run(["pretrain.py", *TINY, f"data_path={ctx.sudoku}", f"device={ctx.device}",
+                            f"checkpoint_path={ctx.work / run}", *extra]), *precision_needles(ctx))
 
 
 def precision_needles(ctx: Context) -> tuple[str, ...]:
+    """On a GPU the trainers must run in bf16 and compiled; the CPU rehearsal runs what its recipe says."""
     return ("precision: bfloat16", "torch.compile: on") if ctx.device == "cuda" else ()
 
 
@@ -121,9 +244,8 @@ def torchrun(ctx: Context) -> str | None:
 
 
 CHECKS = [
-    Check("hrm", "HRM training, bf16, compile=auto", lambda c: pretrain(c, "hrm", needles=precision_needles(c))),
-    Check("trm", "TRM training with EMA, bf16, compile=auto",
-          lambda c: pretrain(c, "trm", *TRM, "ema=true", needles=precision_needles(c))),
+    Check("hrm", "HRM training, compile=auto", lambda c: pretrain(c, "hrm")),
+    Check("trm", "TRM training with EMA, compile=auto", lambda c: pretrain(c, "trm", *TRM, "ema=true")),
     Check("evaluate", "evaluate.py on the TRM run",
           lambda c: expect(c.run(["evaluate.py", str(c.work / "trm"), "--device", c.device]), "exact_accuracy"),
           after=("trm",)),
@@ -131,9 +253,9 @@ CHECKS = [
           lambda c: expect(c.run(["solve.py", "--checkpoint", str(c.work / "trm"), "--sudoku", SUDOKU, "--device",
                                   c.device, "--out", str(c.work / "solutions")]), "puzzle 1: "), after=("trm",)),
     Check("cape", "CAPE training with --use_amp and 2 DataLoader workers",
-          lambda c: expect(c.run(["-m", "models.train_cape_episodic", *CAPE, "--data_root", str(c.cape), "--device",
-                                  c.device, "--use_amp", "--num_workers", "2", "--output_dir", str(c.work / "cape")]),
-                           "PCK@0.2")),
+          lambda c: trainer(c.run(["-m", "models.train_cape_episodic", *CAPE, "--data_root", str(c.cape), "--device",
+                                   c.device, "--use_amp", "--num_workers", "2", "--output_dir", str(c.work / "cape")]),
+                            "PCK@0.2")),
     Check("torchrun", "torchrun (NCCL with 2 GPUs)", torchrun),
     Check("resume", "deterministic resume compared bitwise (HRM, TRM; fp32, bf16)",
           lambda c: pytest_gpu(c, "tests/test_cuda.py", "-k", "stopped_and_resumed"), cuda_only=True),
@@ -171,7 +293,8 @@ def run_checks(checks: list[Check], ctx: Context, workers: int) -> dict[str, str
     """Run ``checks`` (each once its ``after`` are done), ``workers`` at a time; print a line as each ends."""
     results: dict[str, str | None] = {}
     pending = list(checks)
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    # ended_on_stop leaves the block first: the commands end before the pool waits for the threads that wait on them
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool, ctx.commands.ended_on_stop():
         running: dict[concurrent.futures.Future, tuple[Check, float]] = {}
         while pending or running:
             for check in [c for c in pending if all(a in results for a in c.after)]:
@@ -195,6 +318,26 @@ def run_checks(checks: list[Check], ctx: Context, workers: int) -> dict[str, str
                 status = "ok     " if passed(result) else "FAILED "
                 print(f"{status} {check.name:<10} {check.what} ({took:.0f} s){note}", flush=True)
     return results
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def stop(signum: int, _frame) -> None:
+    """The handler of :data:`STOP_SIGNALS`: the first one stops the checks; later ones are ignored while the commands
+    end (at most :data:`GRACE_S` seconds)."""
+    for other in STOP_SIGNALS:
+        signal.signal(other, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def build_data(work: Path) -> tuple[Path, Path]:
+    """The tiny Sudoku and synthetic MP-100 datasets in ``work``; the builders' reports and progress bars are not
+    shown (one line per check here)."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        build_dataset(work / "sudoku", generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
+        cape = build_cape(work / "cape-data", num_categories=10, instances_per_category=20, image_size=64, seed=0)
+    return work / "sudoku", cape
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,18 +370,24 @@ def main(argv: list[str] | None = None) -> int:
         print(machine_line(args.device), flush=True)
         with tempfile.TemporaryDirectory(prefix="check_gpu-") as tmp:
             work = Path(tmp)
-            sudoku = work / "sudoku"
-            with contextlib.redirect_stdout(io.StringIO()):  # the builders' reports: one line per check here
-                build_dataset(sudoku, generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
-                cape = build_cape(work / "cape-data", num_categories=10, instances_per_category=20, image_size=64,
-                                  seed=0)
-            results = run_checks(checks, Context(args.device, work, sudoku, cape), args.workers)
+            sudoku, cape = build_data(work)
+            results = run_checks(checks, Context(args.device, work, sudoku, cape, Commands(child_env(work))),
+                                 args.workers)
         failed = [name for name, result in results.items() if not passed(result)]
         print(f"{len(results) - len(failed)} of {len(results)} checks ok" + (f"; failed: {', '.join(failed)}"
                                                                              if failed else ""), flush=True)
         return 1 if failed else 0
 
-    return cli_main(body)
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        return cli_main(body)
+    except Stopped as e:
+        print(f"stopped by {e}: the checks still running were ended and the scratch folder removed; the lines above "
+              "are the checks that finished", file=sys.stderr, flush=True)
+        return 128 + e.signum
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

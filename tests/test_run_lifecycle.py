@@ -5,6 +5,7 @@ import io
 import json
 import logging
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import pretrain
 from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1_Inner
 from tests.conftest import child_env, signal_at
 from utils.distributed import Dist
+from utils.errors import UserError
+from utils.eval import arc_adapt
 from utils.run import checkpoint as checkpoint_mod
 from utils.run import estimate as estimate_mod
 from utils.run import faults
@@ -369,6 +372,9 @@ def test_a_stop_during_the_first_step_acts_at_once_and_the_length_is_told(sudoku
     assert "estimated time to the end of the schedule: " in proc.stderr
     assert "compiling the training step: the first step builds its kernels" in proc.stderr  # a line of its own
     assert not run.exists()  # a fresh run stopped before its first checkpoint leaves nothing
+    # campaign 4, p22: the armed hook is the run's first line, and the stop it causes names it
+    assert proc.stderr.splitlines()[0].startswith("RUN_SIGNAL_AT=train:1:SIGTERM is set: this run will send SIGTERM")
+    assert "RUN_SIGNAL_AT=train:1:SIGTERM: sending SIGTERM to this process as optimizer step 1 begins" in proc.stderr
 
 
 def test_the_length_is_told_again_from_timed_steps_and_the_first_step_apart(monkeypatch):
@@ -402,11 +408,78 @@ def test_a_signal_point_names_where_which_step_which_signal_and_whom(value, expe
 @pytest.mark.parametrize("value", ["train", "train:x:SIGTERM", "fit:3:SIGTERM", "train:3:SIGNOPE", "train:3:TERM:all"])
 def test_a_malformed_signal_point_is_one_line_before_any_work(sudoku_dir, tmp_path, monkeypatch, capsys, value):
     monkeypatch.setenv("RUN_SIGNAL_AT", value)
-    faults.planned.cache_clear()
-    try:
-        assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'run'}") == 2
-    finally:
-        monkeypatch.delenv("RUN_SIGNAL_AT")
-        faults.planned.cache_clear()
+    assert train(sudoku_dir, f"checkpoint_path={tmp_path / 'run'}") == 2
     assert f"RUN_SIGNAL_AT={value!r} is not POINT:STEP:SIGNAL[:group]" in one_error_line(capsys)
     assert not (tmp_path / "run").exists()
+
+
+# ---- campaign 4: the test hook reaches only a trainer started as a program, and says so --------------------------
+
+def fake_train(calls: list):
+    """A trainer loop as far as the hook sees it: step 1 begins, then the run stops if a signal asked it to."""
+    def train(args, rank, stopper):
+        faults.reach("train", 1)
+        calls.append(stopper.requested)
+        return stopper.exit_code if stopper.requested else 0
+    return train
+
+
+@pytest.mark.parametrize("value", ["train:1:SIGTERM", "train:1:SIGINT", "train:x:SIGNOPE"])
+def test_campaign4_p07_p19_an_in_process_arc_adaptation_never_arms_the_signal_hook(value, tmp_path, monkeypatch):
+    """The ARC adaptation trains inside solve.py or the page (utils/eval/arc_adapt.py): RUN_SIGNAL_AT in their
+    environment neither signals their own process (p07: the page died on an ARC request; p19: solve.py --arc exited
+    1 with a resume hint) nor refuses the task (p19: a malformed value, after the task's dataset was written)."""
+    monkeypatch.setenv("RUN_SIGNAL_AT", value)
+    calls = []
+    monkeypatch.setattr(puzzle_trainer, "train", fake_train(calls))
+    args = types.SimpleNamespace(adapt_steps=2, adapt_batch_size=2, adapt_all=False, device="cpu", forward_dtype="float32")
+    task = types.SimpleNamespace(id="task", pairs={"train": [None, None]})
+    arc_adapt.adapt(args, task, tmp_path / "data", tmp_path / "adapt", ROOT / "models/pretrained/sudoku_hard_trm.pt")
+    assert calls == [False]
+
+
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGCHLD", "SIGCONT", "SIGHUP", "USR2", "9"])
+def test_campaign4_p08_the_hook_accepts_only_the_stops_the_tests_use(name):
+    with pytest.raises(UserError, match="SIGNAL one of SIGINT, SIGTERM, SIGKILL, SIGSTOP"):
+        faults.parse(f"train:1:{name}")
+
+
+def test_campaign4_p08_a_run_the_hook_freezes_says_how_to_continue_it():
+    assert f"it stays stopped until it gets SIGCONT (kill -CONT {os.getpid()})" in \
+        faults.parse("train:3:SIGSTOP").announcement()
+
+
+def test_campaign4_p22_the_armed_hook_is_the_first_line_and_its_stop_names_it(monkeypatch, capsys):
+    monkeypatch.setenv("RUN_SIGNAL_AT", "train:1:SIGTERM")
+    calls = []
+    monkeypatch.setattr(puzzle_trainer, "train", fake_train(calls))
+    assert pretrain.main(["--config-name=cfg_pretrain_cpu"]) == 128 + signal.SIGTERM and calls == [True]
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == ("RUN_SIGNAL_AT=train:1:SIGTERM is set: this run will send SIGTERM to this process as optimizer "
+                      "step 1 begins (a test hook: unset RUN_SIGNAL_AT to run without it)")
+    assert "RUN_SIGNAL_AT=train:1:SIGTERM: sending SIGTERM to this process as optimizer step 1 begins" in err
+    assert faults.planned() is None  # disarmed once the run is over
+
+
+@pytest.mark.parametrize("total", [3, 4, 6])
+def test_campaign4_p24_a_short_run_is_told_its_first_step_and_its_pace(monkeypatch, total):
+    """A 40 ms first step is not "0 s", and a run shorter than the 1 + 5 steps the pace waits for is told too (after
+    as many timed steps as are left). The clock is scripted."""
+    ticks = iter([0.0, 0.04] + [0.04 + 0.01 * i for i in range(1, total)])
+    monkeypatch.setattr(estimate_mod.time, "perf_counter", lambda: next(ticks))
+    lines = []
+    pace = estimate_mod.StepPace(0, total, torch.device("cpu"), False, 1.0, lambda msg, *a: lines.append(msg % a))
+    pace.begin()
+    for step in range(1, total + 1):
+        pace.step_done(step)
+    assert lines[0] == "the first step took 40 ms"
+    timed = total // 2  # as many timed as are left after them
+    assert lines[1:] == [f"measured: {'step 2' if timed == 1 else f'steps 2-{1 + timed}'} took 10 ms "
+                         f"{'(' if timed == 1 else 'each (median; '}100 steps/s); the rest of the schedule "
+                         f"({total - 1 - timed} step{'' if total - 1 - timed == 1 else 's'}): about "
+                         f"{10 * (total - 1 - timed)} ms at this pace, evaluations not counted"]
+
+
+def test_campaign4_p24_durations_under_ten_seconds_keep_their_digits():
+    assert [estimate_mod.duration(s) for s in (0.004, 0.25, 2.54, 45, 720)] == ["4 ms", "250 ms", "2.5 s", "45 s",
+                                                                                  "12 min"]

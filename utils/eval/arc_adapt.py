@@ -92,7 +92,8 @@ def adapt(args, task, data: Path, run: Path, checkpoint: Path) -> None:
                  f"forward_dtype={args.forward_dtype}", "evaluators=[]", "compile=false"]  # too short to repay compiling
     log.info("adapting %s to %s: %d steps of %d examples (%s)", checkpoint, task.id, args.adapt_steps,
              args.adapt_batch_size, "every weight" if args.adapt_all else "the puzzle embedding")
-    code = puzzle_trainer.main(["--config-name=cfg_pretrain", *overrides])
+    # The trainer runs in this process: the test hook RUN_SIGNAL_AT, were it armed, would signal solve.py or the page.
+    code = puzzle_trainer.main(["--config-name=cfg_pretrain", *overrides], signal_hook=False)
     if code != 0:
         raise AdaptationError(f"adapting to {task.id} stopped with exit code {code} (its error is above)")
 

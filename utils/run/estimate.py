@@ -79,7 +79,11 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, size: int = 1024, seco
 
 
 def duration(seconds: float) -> str:
-    """``seconds`` as a person says it: ``45 s``, ``12 min``, ``6.5 hours``, ``91 days``."""
+    """``seconds`` as a person says it: ``40 ms``, ``2.5 s``, ``45 s``, ``12 min``, ``6.5 hours``, ``91 days``."""
+    if seconds < 1:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
@@ -95,7 +99,9 @@ class StepPace:
     The first step of a process is timed alone (it compiles when compile is on: tens of seconds to minutes); then
     each step after it, until they add up to :data:`TIMED_MIN_S` seconds over at least :data:`TIMED_MIN_STEPS`
     steps (or :data:`TIMED_MAX_STEPS` steps), and the rest of the schedule is told at their median: a step that
-    waited for an evaluation or a checkpoint does not move it. Evaluations are not counted.
+    waited for an evaluation or a checkpoint does not move it. A schedule too short for that is told once as many
+    steps were timed as are left (a 3-step run after its second step): later, there would be nothing left to tell.
+    Evaluations are not counted.
 
     Args:
         first_step: the step count before this process's first step (0, or the resumed step).
@@ -134,14 +140,15 @@ class StepPace:
             self.report("%s took %s", what, duration(took))
             return
         self._seconds.append(took)
-        n = len(self._seconds)
-        if n < TIMED_MAX_STEPS and (n < TIMED_MIN_STEPS or sum(self._seconds) < TIMED_MIN_S):
+        n, rest = len(self._seconds), self.total_steps - step
+        if n < min(TIMED_MAX_STEPS, rest) and (n < TIMED_MIN_STEPS or sum(self._seconds) < TIMED_MIN_S):
             return
-        per_step, rest = statistics.median(self._seconds), self.total_steps - step
+        per_step = statistics.median(self._seconds)
         bound = "" if per_step * rest < 2 * self.flop_seconds else (
             f"; the FLOP estimate said {duration(self.flop_seconds)}: these steps are bound by more than their FLOPs "
             "(for a small model on a GPU, kernel launches and host work)")
-        self.report("measured: steps %d-%d took %.3g ms each (median; %.3g steps/s); the rest of the schedule (%d "
-                    "steps): about %s at this pace, evaluations not counted%s", step - n + 1, step, 1e3 * per_step,
-                    1 / per_step, rest, duration(per_step * rest), bound)
+        timed = f"step {step} took %.3g ms (" if n == 1 else f"steps {step - n + 1}-{step} took %.3g ms each (median; "
+        self.report("measured: " + timed + "%.3g steps/s); the rest of the schedule (%d step%s): about %s at this pace, "
+                    "evaluations not counted%s", 1e3 * per_step, 1 / per_step, rest, "" if rest == 1 else "s",
+                    duration(per_step * rest), bound)
         self._last = None

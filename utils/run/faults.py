@@ -9,80 +9,132 @@ The value is ``POINT:STEP:SIGNAL[:group]``. POINT is where the trainer is: ``tra
 begins, so a graceful stop comes right after step STEP; in the first step of a process, which compiles, a stop is
 at once), ``eval`` (pretrain.py's evaluation at step STEP), ``val`` and ``test`` (the CAPE trainer's validation and
 test split, run at step STEP); the evaluation points fire after the evaluation's first batch, when DataLoader
-workers are running. SIGNAL is a name such as SIGTERM, SIGINT or SIGKILL. With ``group`` the signal goes to the
-process group from a process of its own (as ``kill -- -PGID``, ``timeout`` and batch schedulers send it), else to
-this process alone. It is sent once, from the process of rank 0 (the only process without torchrun).
+workers are running. SIGNAL is one of :data:`SIGNALS`, the stops the tests rehearse. With ``group`` the signal goes
+to the process group from a process of its own (as ``kill -- -PGID``, ``timeout`` and batch schedulers send it),
+else to this process alone. It is sent once, from the process of rank 0 (the only process without torchrun).
 
 A test that stops a run this way stops it at the step it chose, whatever the device's pace: a step of a tiny model
 takes milliseconds on a GPU, and a test that waited for a file to appear before signalling could see the run end
 first.
+
+It is a test hook, so it reaches only a trainer started as a program of its own: the trainer's entry arms it
+(:func:`armed`), and says so on the first line of the run's output; a trainer run inside another program (the ARC
+adaptation of ``solve.py --arc`` and of the page) leaves it unarmed, since its signal would stop that program. The
+line each signal is sent with names the variable, so a stop it caused says where it came from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import sys
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Optional
+from typing import Iterator, Optional
+
+from tqdm import tqdm
 
 from utils.errors import UserError
 
 ENV = "RUN_SIGNAL_AT"
 POINTS = ("train", "eval", "val", "test")
+# The stops the tests rehearse: a graceful stop (SIGINT, SIGTERM), a crash (SIGKILL), and a run frozen while it holds
+# its run directory (SIGSTOP, tests/test_checkpointer.py). Any other signal would do what no test means: SIGUSR1
+# kills without a word, SIGCHLD does nothing.
+SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL", "SIGSTOP")
 
 
 @dataclass(frozen=True)
 class SignalAt:
-    """The point of ``RUN_SIGNAL_AT``: ``point`` (one of :data:`POINTS`), ``step`` (the optimizer step), ``signum``,
-    and ``group`` (the process group, not this process alone)."""
+    """The point of ``RUN_SIGNAL_AT``: ``point`` (one of :data:`POINTS`), ``step`` (the optimizer step), ``signum``
+    (one of :data:`SIGNALS`), ``group`` (the process group, not this process alone), and ``value`` as it was set."""
 
     point: str
     step: int
     signum: int
     group: bool
+    value: str
+
+    def when(self) -> str:
+        """Where the run is when the signal goes, in words."""
+        if self.point == "train":
+            return f"as optimizer step {self.step} begins"
+        return f"after the first batch of the {self.point} evaluation at step {self.step}"
+
+    def whom(self) -> str:
+        """Who gets the signal, in words."""
+        return "its whole process group" if self.group else "this process"
+
+    def announcement(self) -> str:
+        """The first line of an armed run."""
+        target = f"-- -{os.getpgrp()}" if self.group else str(os.getpid())
+        then = f"; it stays stopped until it gets SIGCONT (kill -CONT {target})" if self.signum == signal.SIGSTOP else ""
+        return (f"{ENV}={self.value} is set: this run will send {signal.Signals(self.signum).name} to {self.whom()} "
+                f"{self.when()}{then} (a test hook: unset {ENV} to run without it)")
 
 
 def parse(value: str) -> SignalAt:
     """``POINT:STEP:SIGNAL[:group]`` as a :class:`SignalAt`.
 
     Raises:
-        UserError: a malformed value, with the form it should have.
+        UserError: a malformed value, or a signal not in :data:`SIGNALS`, with the form it should have.
     """
     parts = value.split(":")
-    form = (f"{ENV}={value!r} is not POINT:STEP:SIGNAL[:group] (e.g. train:100:SIGTERM; POINT one of "
-            f"{', '.join(POINTS)})")
+    problem = f"{ENV}={value!r} is not POINT:STEP:SIGNAL[:group]"
+    form = (f"(e.g. train:100:SIGTERM; POINT one of {', '.join(POINTS)}; SIGNAL one of {', '.join(SIGNALS)}; unset "
+            f"{ENV} to run without it)")
     if len(parts) not in (3, 4) or parts[0] not in POINTS or not parts[1].isdigit() or parts[3:] not in ([], ["group"]):
-        raise UserError(form)
+        raise UserError(f"{problem} {form}")
     name = parts[2].upper()
     name = name if name.startswith("SIG") else f"SIG{name}"
-    if name not in signal.Signals.__members__:
-        raise UserError(f"{form}: no signal {parts[2]!r}")
-    return SignalAt(parts[0], int(parts[1]), int(signal.Signals[name]), len(parts) == 4)
+    if name not in SIGNALS:
+        raise UserError(f"{problem}: {parts[2]!r} is not a stop it rehearses {form}")
+    return SignalAt(parts[0], int(parts[1]), int(signal.Signals[name]), len(parts) == 4, value)
 
 
-@lru_cache(maxsize=1)
-def planned() -> Optional[SignalAt]:
-    """The point ``RUN_SIGNAL_AT`` names in this process, None where it is unset or this is not rank 0.
+_plan: Optional[SignalAt] = None  # armed for the trainer run now in this process
+_sent = False
+
+
+@contextlib.contextmanager
+def armed(enabled: bool = True) -> Iterator[Optional[SignalAt]]:
+    """Within the block, ``RUN_SIGNAL_AT`` is armed for the trainer run it holds (rank 0 only); the plan, or None.
+
+    A trainer's own entry enters this with ``enabled`` (its first line then says the hook is armed); a trainer run
+    inside another program enters it without, and the variable does nothing there.
 
     Raises:
-        UserError: a malformed value (trainers call this before their first step).
+        UserError: a malformed value (on every rank), before the run does any work.
     """
-    value = os.environ.get(ENV)
-    if not value or os.environ.get("RANK", "0") != "0":
-        return None
-    return parse(value)
+    global _plan, _sent
+    value = os.environ.get(ENV) if enabled else None
+    plan = parse(value) if value else None  # every rank refuses a malformed value
+    if os.environ.get("RANK", "0") != "0":
+        plan = None  # rank 0 alone sends the signal
+    if plan is not None:
+        print(plan.announcement(), file=sys.stderr, flush=True)
+    previous, _plan, _sent = _plan, plan, False
+    try:
+        yield plan
+    finally:
+        _plan = previous
 
 
-_sent: set[SignalAt] = set()
+def planned() -> Optional[SignalAt]:
+    """The point armed for the run now in this process (:func:`armed`), None where there is none."""
+    return _plan
 
 
 def reach(point: str, step: int) -> None:
     """The run is at ``point`` at optimizer step ``step``: send the planned signal if this is its point (once)."""
-    plan = planned()
-    if plan is None or (plan.point, plan.step) != (point, step) or plan in _sent:
+    global _sent
+    plan = _plan
+    if plan is None or (plan.point, plan.step) != (point, step) or _sent:
         return
-    _sent.add(plan)
+    _sent = True
+    tqdm.write(f"{ENV}={plan.value}: sending {signal.Signals(plan.signum).name} to {plan.whom()} {plan.when()}",
+               file=sys.stderr)
+    sys.stderr.flush()
     if not plan.group:
         os.kill(os.getpid(), plan.signum)
         return
@@ -108,7 +160,7 @@ class ReachOnFirstBatch:
 
 
 def first_batch_consumers(point: str, step: int) -> list[ReachOnFirstBatch]:
-    """``[ReachOnFirstBatch(point, step)]`` where ``RUN_SIGNAL_AT`` names that point and step, else ``[]`` (an
+    """``[ReachOnFirstBatch(point, step)]`` where ``RUN_SIGNAL_AT`` is armed for that point and step, else ``[]`` (an
     evaluation without consumers skips copying its outputs to the host)."""
-    plan = planned()
+    plan = _plan
     return [ReachOnFirstBatch(point, step)] if plan is not None and (plan.point, plan.step) == (point, step) else []

@@ -2,7 +2,7 @@
 
     python pretrain.py --config-name=cfg_pretrain_cpu                       # the script calls main() here
     torchrun --nproc-per-node 8 pretrain.py --config-name=cfg_pretrain data_path=data/sudoku-extreme-1k-aug-1000
-    puzzle_trainer.main(["--config-name=cfg_pretrain", "data_path=...", ...])   # in a process: ARC adaptation
+    puzzle_trainer.main([...], signal_hook=False)   # inside another program: ARC adaptation
 
 The loop follows the reference HRM (docs/REFERENCE.md, HRM): the ACT carry persists across
 optimizer steps, AdamATan2 trains the weights and sign-SGD the puzzle embedding, the lr warms up
@@ -80,9 +80,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, *, signal_hook: bool = True) -> int:
+    """Train as ``argv`` (default: the command line) says; the exit code. ``signal_hook=False`` leaves the test hook
+    ``RUN_SIGNAL_AT`` (utils/run/faults.py) unarmed: for a run inside another program (the ARC adaptation of solve.py
+    and the page), whose own process the hook would signal."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    return run_main(lambda rank, stopper: train(args, rank, stopper))
+
+    def body(rank: Dist, stopper: GracefulStop) -> int:
+        with faults.armed(signal_hook):
+            return train(args, rank, stopper)
+    return run_main(body)
 
 
 # ---- the plan: every setting and runtime decision, taken once -------------------------------------
@@ -544,7 +551,6 @@ def report_length(setup: Setup, data: PuzzleData, step: int) -> float:
 def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
     """The whole run; returns 0 when the schedule is done, ``stopper.exit_code`` when a signal stopped it."""
     clock = Clock()  # eval/elapsed_s counts from here: wall time as a user waits for it
-    faults.planned()  # a malformed RUN_SIGNAL_AT is refused before any work
     setup = resolve_setup(args, rank)
     cfg, device = setup.cfg, setup.device
     configure_backends(device, cudnn_benchmark=True, deterministic=cfg.deterministic)
