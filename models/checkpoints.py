@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from utils.run.checkpoint import CheckpointError, safe_load
+from utils.checkpoint import CheckpointError, safe_load
 
 REFERENCE_KEY_PREFIX = "_orig_mod.model."
 REFERENCE_PREFIXES = ("_orig_mod.", "model.")

@@ -43,7 +43,7 @@ from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, 
 from utils.hardware_optimizer import resolve_hardware_profile
 from utils.outputs import check_writable_file
 from utils.run import faults
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 from utils.run.checkpointer import Best, Checkpointer
 from utils.run.guard import NonFiniteGuard
 from utils.run.main import ArgumentParser, run_main

@@ -52,7 +52,7 @@ from utils.eval.load import (CARD_MARK, card_path, check_against_card, file_sha2
 from utils.eval.puzzle import evaluate_puzzles  # noqa: E402
 from utils.eval.reasoning import TestTimeCompute  # noqa: E402
 from utils.outputs import check_writable_file, replace_together, write_atomically  # noqa: E402
-from utils.run.checkpoint import CheckpointError, safe_load  # noqa: E402
+from utils.checkpoint import CheckpointError, safe_load  # noqa: E402
 from utils.run.main import ArgumentParser, cli_main  # noqa: E402
 from utils.run.puzzle_trainer import choose_data_paths  # noqa: E402
 from utils.run.run_dir import LOCK, run_outputs, read_manifest  # noqa: E402

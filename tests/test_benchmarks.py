@@ -9,7 +9,7 @@ import torch
 
 import pretrain
 from tests.test_pretrain_trm import trm
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
 

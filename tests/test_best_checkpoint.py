@@ -9,7 +9,7 @@ import evaluate
 import pretrain
 from tests.test_resume import TINY
 from utils.run import puzzle_trainer
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 
 
 @pytest.mark.slow

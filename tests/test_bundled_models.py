@@ -14,7 +14,7 @@ import torch
 import solve
 from utils.data.user_puzzles import parse_sudoku, sudoku_problems
 from utils.eval.load import load_trained, read_card
-from utils.run.checkpoint import CheckpointError
+from utils.checkpoint import CheckpointError
 from utils.eval.solving import BUNDLED, BUNDLED_DIR
 
 # Puzzle 1 of the hard recipe's test split (minimal, 25 givens, rating 5: singles alone do not solve it), never

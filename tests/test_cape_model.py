@@ -20,7 +20,7 @@ from models.cape.capeformer import (grid_embedding, inverse_sigmoid, local_soft_
                                     pool_support_features, sine_embedding, soft_argmax, support_order_embedding)
 from models.cape.pose_anything import GCNLayer, gcn_adjacency
 from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
-from utils.run.checkpoint import CheckpointError
+from utils.checkpoint import CheckpointError
 
 TINY_SWIN = dict(window_size=4, embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
 TINY_HEAD = dict(hidden_dim=32, num_heads=4, num_encoder_layers=2, ffn_dim=64, similarity_proj_dim=32,
@@ -136,7 +136,7 @@ def test_backbone_weights_errors_are_one_line(tmp_path):
     torch.save(torch.zeros(3), tmp_path / "tensor.pth")
     cases = [(ResNetBackbone("resnet50"), tmp_path / "r18.pth", "do not fit: .* missing"),
              (ResNetBackbone("resnet18"), tmp_path / "missing.pth", "does not exist"),
-             (ResNetBackbone("resnet18"), tmp_path / "junk.pth", None),  # wording is utils/run/checkpoint.py's
+             (ResNetBackbone("resnet18"), tmp_path / "junk.pth", None),  # wording is utils/checkpoint.py's
              (ResNetBackbone("resnet18"), tmp_path / "tensor.pth", "no state dict"),
              (SwinV2Backbone("swinv2_tiny_window16_256", 64, 0.0, **TINY_SWIN), tmp_path / "r18.pth", "do not fit")]
     for net, path, message in cases:

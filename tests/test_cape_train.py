@@ -17,7 +17,7 @@ from tests.test_cape_protocol import recompute_from_file, reference_episodes, wr
 from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
 from utils.data.synthetic_cape import build
 from utils.distributed import Dist
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 from utils.run import guard as guard_mod
 from utils.run.guard import NonFiniteGuard
 from utils.run.train_state import Clock

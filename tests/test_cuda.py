@@ -24,7 +24,7 @@ from tests.test_pretrain_trm import TINY_TRM
 from tests.test_resume import TINY
 from utils.data.synthetic_cape import build
 from utils.optimizer_utils import AdamATan2
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import child_env, make_sudoku, signal_at
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",

@@ -28,7 +28,7 @@ from utils.data.synthetic_cape import build as build_cape
 from utils.eval import puzzle as puzzle_mod
 from utils.eval.outputs import FILE_PATTERN, load_outputs
 from utils.run import puzzle_trainer
-from utils.run.checkpoint import CheckpointError, safe_load
+from utils.checkpoint import CheckpointError, safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
 

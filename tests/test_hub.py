@@ -21,7 +21,7 @@ from models.checkpoints import load_pretrained, reference_state_dict
 import utils.hub
 from utils.config import recipe_config
 from utils.hub import resolve_checkpoint
-from utils.run.checkpoint import CheckpointError
+from utils.checkpoint import CheckpointError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

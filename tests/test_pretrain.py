@@ -12,7 +12,7 @@ import evaluate
 import pretrain
 from utils.distributed import Dist
 from utils.run import puzzle_trainer
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 
 TINY_ARCH = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
              "arch.L_layers=1", "arch.halt_max_steps=2",

@@ -22,7 +22,7 @@ from utils.data.arc import build_arc_dataset
 from utils.data.puzzle_dataset import PuzzleDataset
 from utils.distributed import Dist
 from utils.run import puzzle_trainer
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_TRM = ["arch=trm", "compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.L_layers=1",

@@ -16,7 +16,7 @@ import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
 from tests.conftest import child_env, signal_at
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,12 +21,12 @@ from tests.conftest import child_env, signal_at
 from utils.distributed import Dist
 from utils.errors import UserError
 from utils.eval import arc_adapt
-from utils.run import checkpoint as checkpoint_mod
+from utils import checkpoint as checkpoint_mod
 from utils.run import estimate as estimate_mod
 from utils.run import faults
 from utils.run import puzzle_trainer
 from utils.run import run_dir as run_dir_mod
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 from utils.run.metrics import MetricsWriter
 from utils.run.schedule import LRSchedule
 

@@ -21,7 +21,7 @@ from huggingface_hub.errors import (CacheNotFound, EntryNotFoundError, HfUriErro
                                     RevisionNotFoundError)
 from huggingface_hub.utils import HfUri, parse_hf_uri
 
-from utils.run.checkpoint import CheckpointError
+from utils.checkpoint import CheckpointError
 
 HF_PREFIX = "hf://"
 DEFAULT_FILE = "checkpoint"  # the released HRM checkpoints

@@ -34,7 +34,7 @@ import torchvision
 from torch import nn
 
 from utils.errors import UserError
-from utils.run.checkpoint import CheckpointError, safe_load
+from utils.checkpoint import CheckpointError, safe_load
 
 RESNETS = {"resnet18": torchvision.models.resnet18, "resnet50": torchvision.models.resnet50}
 SWINV2 = ("swinv2_tiny_window16_256", "swinv2_small_window16_256")

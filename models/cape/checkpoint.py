@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from models.cape import build_model
-from utils.run.checkpoint import CheckpointError, safe_load
+from utils.checkpoint import CheckpointError, safe_load
 
 
 def model_record(name: str, model) -> dict:

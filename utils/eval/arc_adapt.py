@@ -35,7 +35,7 @@ from utils.eval.load import checkpoint_settings, load_trained, resolve_checkpoin
 from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import TestTimeCompute
 from utils.run import puzzle_trainer
-from utils.run.checkpoint import safe_load
+from utils.checkpoint import safe_load
 from utils.outputs import unused_name, unused_stem
 from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
 

@@ -26,7 +26,7 @@ from models import build_model, validate_arch
 from models.checkpoints import load_model_weights
 from utils.config import ConfigError, PretrainConfig, build_config, to_dict
 from utils.data.puzzle_dataset import load_metadata
-from utils.run.checkpoint import CheckpointError, safe_load
+from utils.checkpoint import CheckpointError, safe_load
 from utils.run.run_dir import newest_loadable, read_manifest, recorded_checkpoints
 
 log = logging.getLogger(__name__)

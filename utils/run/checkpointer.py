@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from utils.distributed import Dist, main_decides
-from utils.run.checkpoint import CheckpointError, CheckpointWriteError, payload_bytes, safe_load
+from utils.checkpoint import CheckpointError, CheckpointWriteError, payload_bytes, safe_load
 from utils.run.run_dir import RunDirectory, free_bytes
 from utils.run.train_state import TrainState
 

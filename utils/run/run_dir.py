@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.errors import UserError
-from utils.run.checkpoint import CheckpointError, CheckpointWriteError, safe_load
+from utils.checkpoint import CheckpointError, CheckpointWriteError, safe_load
 
 log = logging.getLogger(__name__)
 

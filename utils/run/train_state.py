@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from utils.distributed import Dist
-from utils.run.checkpoint import CheckpointError
+from utils.checkpoint import CheckpointError
 
 log = logging.getLogger(__name__)
 

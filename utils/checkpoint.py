@@ -1,7 +1,8 @@
 """Checkpoint errors and safe loads.
 
 Loads use ``torch.load(weights_only=True)``: a checkpoint is data, and one that needs arbitrary pickled
-code to load is refused. Writing is the checkpointer's job (utils/run/checkpointer.py).
+code to load is refused. Writing is the checkpointer's job (utils/run/checkpointer.py). This module is on the
+floor because models, the Hub and evaluation read checkpoints too.
 """
 
 from __future__ import annotations
