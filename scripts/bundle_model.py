@@ -54,7 +54,7 @@ from utils.eval.reasoning import TestTimeCompute  # noqa: E402
 from utils.outputs import check_writable_file, replace_together, write_atomically  # noqa: E402
 from utils.checkpoint import CheckpointError, safe_load  # noqa: E402
 from utils.run.main import ArgumentParser, cli_main  # noqa: E402
-from utils.run.puzzle_trainer import choose_data_paths  # noqa: E402
+from utils.train.puzzle_trainer import choose_data_paths  # noqa: E402
 from utils.run.run_dir import LOCK, run_outputs, read_manifest  # noqa: E402
 
 log = logging.getLogger(__name__)

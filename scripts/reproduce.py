@@ -263,7 +263,7 @@ def check_training(recipe: Recipe, stand_ins: Path) -> Checked:
     Raises:
         RecipeError: naming the row and the trainer's one-line reason.
     """
-    from utils.run import puzzle_trainer  # the trainer's imports (evaluation, pictures): a dry run's, not --list's
+    from utils.train import puzzle_trainer  # the trainer's imports (evaluation, pictures): a dry run's, not --list's
 
     args = _parses(recipe, "train", lambda: puzzle_trainer.parse_args(recipe.train_argv()))
     try:
@@ -282,7 +282,7 @@ def check_training(recipe: Recipe, stand_ins: Path) -> Checked:
         parameters = sum(p.numel() for p in puzzle_trainer.meta_model(setup, metadata).model.parameters())
     except UserError as e:
         raise RecipeError(f"{recipe.name}: {e}") from None
-    # The trainer's schedule (utils/run/puzzle_trainer.py, load_data) on the real dataset's sizes.
+    # The trainer's schedule (utils/train/puzzle_trainer.py, load_data) on the real dataset's sizes.
     steps = int(cfg.epochs * recipe.size.groups * recipe.size.mean_examples / cfg.global_batch_size)
     return Checked(setup, steps, parameters)
 

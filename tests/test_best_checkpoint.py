@@ -8,7 +8,7 @@ import pytest
 import evaluate
 import pretrain
 from tests.test_resume import TINY
-from utils.run import puzzle_trainer
+from utils.train import puzzle_trainer
 from utils.checkpoint import safe_load
 
 

@@ -15,7 +15,7 @@ import torch
 import pretrain
 from tests.conftest import child_env, signal_at
 from tests.test_resume import TINY, assert_same_training_state
-from utils.run import puzzle_trainer
+from utils.train import puzzle_trainer
 from utils.checkpoint import safe_load
 from utils.run.run_dir import RunDirError, RunLock
 

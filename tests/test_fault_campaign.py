@@ -27,7 +27,7 @@ from utils.data.puzzle_dataset import DatasetError
 from utils.data.synthetic_cape import build as build_cape
 from utils.eval import puzzle as puzzle_mod
 from utils.eval.outputs import FILE_PATTERN, load_outputs
-from utils.run import puzzle_trainer
+from utils.train import puzzle_trainer
 from utils.checkpoint import CheckpointError, safe_load
 
 ROOT = Path(__file__).resolve().parent.parent

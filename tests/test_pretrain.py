@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 import evaluate
 import pretrain
 from utils.distributed import Dist
-from utils.run import puzzle_trainer
+from utils.train import puzzle_trainer
 from utils.checkpoint import safe_load
 
 TINY_ARCH = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",

@@ -21,7 +21,7 @@ from utils.config import ConfigError
 from utils.data.arc import build_arc_dataset
 from utils.data.puzzle_dataset import PuzzleDataset
 from utils.distributed import Dist
-from utils.run import puzzle_trainer
+from utils.train import puzzle_trainer
 from utils.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from utils.eval import arc_adapt
 from utils import checkpoint as checkpoint_mod
 from utils.run import estimate as estimate_mod
 from utils.run import faults
-from utils.run import puzzle_trainer
+from utils.train import puzzle_trainer
 from utils.run import run_dir as run_dir_mod
 from utils.checkpoint import safe_load
 from utils.run.metrics import MetricsWriter

@@ -6,7 +6,7 @@ training under the same puzzle identifiers):
 1. the task becomes a one-task dataset (utils/data/arc.write_subsets): its demonstration pairs, in ``num_aug``
    augmented copies (dihedral transform and colour permutation), train; its test inputs, in the same copies, are
    the test split;
-2. the trainer of ``pretrain.py`` (utils/run/puzzle_trainer.py) adapts the checkpoint to it for ``adapt_steps``
+2. the trainer of ``pretrain.py`` (utils/train/puzzle_trainer.py) adapts the checkpoint to it for ``adapt_steps``
    steps: ``load_checkpoint`` starts every new puzzle-embedding row as the checkpoint's mean row (TRM's rule), and
    ``freeze_weights=true`` trains that embedding only (``--adapt-all`` trains every weight);
 3. the adapted model answers every copy of each test input under the test-time compute policy, and the published
@@ -34,7 +34,7 @@ from utils.eval.arc import ARC, write_json
 from utils.eval.load import checkpoint_settings, load_trained, resolve_checkpoint
 from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import TestTimeCompute
-from utils.run import puzzle_trainer
+from utils.train import puzzle_trainer
 from utils.checkpoint import safe_load
 from utils.outputs import unused_name, unused_stem
 from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
