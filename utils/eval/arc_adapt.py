@@ -80,20 +80,22 @@ def adapt(args, task, data: Path, run: Path, checkpoint: Path) -> None:
 
     cfg = checkpoint_settings(checkpoint, safe_load(checkpoint))
     arch = {k: v for k, v in cfg.arch.items() if not isinstance(v, (dict, list))}
+    arch_file = arch.pop("name")  # config/arch/<name>.yaml replaces the recipe's; the checkpoint's values go over it
     demos = len(task.pairs["train"])
     epochs = math.ceil(args.adapt_steps * args.adapt_batch_size / demos)  # an epoch draws one copy's demonstrations
-    overrides = [f"data_path={data}", f"arch={arch.pop('name')}", *(f"arch.{k}={v}" for k, v in arch.items()),
-                 f"load_checkpoint={checkpoint}", f"freeze_weights={str(not args.adapt_all).lower()}",
-                 f"epochs={epochs}", f"eval_interval={epochs}", "min_eval_interval=1", "ema=false",
-                 f"global_batch_size={args.adapt_batch_size}", f"lr={cfg.lr}", f"puzzle_emb_lr={cfg.puzzle_emb_lr}",
-                 f"weight_decay={cfg.weight_decay}", f"puzzle_emb_weight_decay={cfg.puzzle_emb_weight_decay}",
-                 f"lr_warmup_steps={min(cfg.lr_warmup_steps, args.adapt_steps // 10)}", "lr_min_ratio=1.0",
-                 f"checkpoint_path={run}", "keep_last_checkpoints=1", f"device={args.device}",
-                 f"forward_dtype={args.forward_dtype}", "evaluators=[]", "compile=false"]  # too short to repay compiling
+    settings = dict(
+        data_path=str(data), arch=arch, load_checkpoint=str(checkpoint), freeze_weights=not args.adapt_all,
+        epochs=epochs, eval_interval=epochs, min_eval_interval=1, ema=False, global_batch_size=args.adapt_batch_size,
+        lr=cfg.lr, puzzle_emb_lr=cfg.puzzle_emb_lr, weight_decay=cfg.weight_decay,
+        puzzle_emb_weight_decay=cfg.puzzle_emb_weight_decay,
+        lr_warmup_steps=min(cfg.lr_warmup_steps, args.adapt_steps // 10), lr_min_ratio=1.0, checkpoint_path=str(run),
+        keep_last_checkpoints=1, device=args.device, forward_dtype=args.forward_dtype, evaluators=[],
+        compile=False)  # too short to repay compiling
     log.info("adapting %s to %s: %d steps of %d examples (%s)", checkpoint, task.id, args.adapt_steps,
              args.adapt_batch_size, "every weight" if args.adapt_all else "the puzzle embedding")
-    # The trainer runs in this process: the test hook RUN_SIGNAL_AT, were it armed, would signal solve.py or the page.
-    code = puzzle_trainer.main(["--config-name=cfg_pretrain", *overrides], signal_hook=False)
+    # In this process, so the test hook RUN_SIGNAL_AT stays unarmed (run's default): it would signal solve.py or the page.
+    code = puzzle_trainer.run(puzzle_trainer.Launch("cfg_pretrain", settings, arch=arch_file,
+                                                    source="the ARC adaptation"))
     if code != 0:
         raise AdaptationError(f"adapting to {task.id} stopped with exit code {code} (its error is above)")
 

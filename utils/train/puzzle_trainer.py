@@ -2,7 +2,7 @@
 
     python pretrain.py --config-name=cfg_pretrain_cpu                       # the script calls main() here
     torchrun --nproc-per-node 8 pretrain.py --config-name=cfg_pretrain data_path=data/sudoku-extreme-1k-aug-1000
-    puzzle_trainer.main([...], signal_hook=False)   # inside another program: ARC adaptation
+    puzzle_trainer.run(Launch("cfg_pretrain", {"lr": 1e-4}, arch="trm"))   # inside another program: ARC adaptation
 
 The loop follows the reference HRM (docs/REFERENCE.md, HRM): the ACT carry persists across
 optimizer steps, AdamATan2 trains the weights and sign-SGD the puzzle embedding, the lr warms up
@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ from models.ema import EMAHelper
 from models.layers import attention_backend
 from models.sparse_embedding import SparseEmbeddingSignSGD
 from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, describe_keys,
-                          recipe_layers, to_dict)
+                          leaves, recipe_layers, to_dict)
 from utils.data.builders import build_dataset
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_compatible
 from utils.device import compile_decision, configure_backends, memory_available, select_dtype
@@ -63,7 +63,47 @@ from utils.viz.puzzles import EvalPictures, VisualizationError, detect_task
 log = logging.getLogger("pretrain")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+@dataclass(frozen=True)
+class Launch:
+    """A run as its caller asks for it, in typed settings.
+
+    Attributes:
+        config_name: the recipe, ``config/<config_name>.yaml``.
+        settings: settings over the recipe, nested as the config is (``{"lr": 1e-4, "arch": {"hidden_size": 256}}``),
+            typed values (numbers, bools, strings, lists).
+        arch: the architecture file that replaces the recipe's, ``config/arch/<arch>.yaml`` (None keeps it).
+        source: what the settings are called in the plan's record of where each setting came from.
+        command: the ``pretrain.py`` arguments the run was started with, for the command that resumes it; empty for a
+            run started by another program, whose command is rebuilt from the settings.
+    """
+
+    config_name: str = "cfg_pretrain"
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    arch: Optional[str] = None
+    source: str = "command line"
+    command: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        """The ``pretrain.py`` arguments that start this run."""
+        if self.command:
+            return list(self.command)
+        overrides = [f"{key}={_override_text(value)}" for key, value in leaves(self.settings).items()]
+        return [f"--config-name={self.config_name}", *([f"arch={self.arch}"] if self.arch else []), *overrides]
+
+
+def _override_text(value: Any) -> str:
+    """``value`` as a ``key=value`` override writes it (OmegaConf's grammar: ``true``, ``null``, ``[a,b]``)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_text(v) for v in value) + "]"
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def parse_args(argv: list[str]) -> Launch:
+    """``pretrain.py``'s command line as a :class:`Launch`.
+
+    Raises:
+        ConfigError: an override that is not ``key=value`` or does not parse (see ``command_line_layer``).
+    """
     parser = ArgumentParser(
         prog="pretrain.py",
         description="Train HRM or TRM on a puzzle dataset. Settings come from config/<NAME>.yaml and key=value "
@@ -77,18 +117,30 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--config-name", default="cfg_pretrain", help="config/<NAME>.yaml to load (default: cfg_pretrain)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lr=1e-4 arch.hidden_size=256")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    layer, groups = command_line_layer(args.overrides)
+    return Launch(args.config_name, OmegaConf.to_container(layer), groups.get("arch"),
+                  command=(f"--config-name={args.config_name}", *args.overrides))
 
 
-def main(argv: Optional[list[str]] = None, *, signal_hook: bool = True) -> int:
-    """Train as ``argv`` (default: the command line) says; the exit code. ``signal_hook=False`` leaves the test hook
-    ``RUN_SIGNAL_AT`` (utils/run/faults.py) unarmed: for a run inside another program (the ARC adaptation of solve.py
-    and the page), whose own process the hook would signal."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python pretrain.py``: train as the command line (default: ``sys.argv``) says; the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    return _run_main(lambda: parse_args(argv), signal_hook=True)
 
+
+def run(launch: Launch, *, signal_hook: bool = False) -> int:
+    """Train as ``launch`` says, inside the calling program (the ARC adaptation of ``solve.py`` and the page); the
+    exit code. The test hook ``RUN_SIGNAL_AT`` (utils/run/faults.py) stays unarmed unless ``signal_hook``: it would
+    signal the calling program itself."""
+    return _run_main(lambda: launch, signal_hook=signal_hook)
+
+
+def _run_main(launch: Callable[[], Launch], signal_hook: bool) -> int:
+    """:func:`train` under the shared main wrapper, the launch read inside it (so a bad override is one line)."""
     def body(rank: Dist, stopper: GracefulStop) -> int:
         with faults.armed(signal_hook):
-            return train(args, rank, stopper)
+            return train(launch(), rank, stopper)
     return run_main(body)
 
 
@@ -107,14 +159,15 @@ class Setup:
     local_batch_size: int
 
 
-def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
+def resolve_setup(launch: Launch, rank: Dist) -> Setup:
     """Merge the settings (defaults, hardware profile, recipe, command line), validate them, and take the
     device, precision and compile decisions. Rank 0's settings are shared with every rank.
 
     Raises:
         ConfigError, DeviceError: a bad setting, named in one line.
     """
-    cli, groups = command_line_layer(args.overrides)
+    asked = OmegaConf.create(launch.settings)
+    groups = {"arch": launch.arch} if launch.arch else {}
     defaults = ("defaults", to_dict(PretrainConfig()))
 
     def profile(merged: dict, device: torch.device):
@@ -125,7 +178,7 @@ def resolve_setup(args: argparse.Namespace, rank: Dist) -> Setup:
         return name, {"global_batch_size": knobs["global_batch_size"]}, reason
 
     merged, sources, labels, device, decisions = layered_settings(
-        [defaults], [*recipe_layers(args.config_name, groups=groups), ("command line", cli)], rank,
+        [defaults], [*recipe_layers(launch.config_name, groups=groups), (launch.source, asked)], rank,
         lambda merged: build_config(merged).device, profile)
     cfg = main_decides(build_config(merged), rank)
     choose_data_paths(cfg, sources, labels)
@@ -476,7 +529,7 @@ def headline_metric(cfg: PretrainConfig, evaluators: list) -> str:
     return cfg.best_metric
 
 
-def session_for(args: argparse.Namespace, setup: Setup, data: PuzzleData, rank: Dist):
+def session_for(launch: Launch, setup: Setup, data: PuzzleData, rank: Dist):
     """The run directory of this command (utils/run/session.py): ``checkpoint_path``; the directory of ``resume``;
     with ``resume=auto``, the newest run under ``checkpoints/<project>/`` with the same settings; else a new
     ``checkpoints/<project>/<run_name or arch-time>``."""
@@ -493,7 +546,7 @@ def session_for(args: argparse.Namespace, setup: Setup, data: PuzzleData, rank: 
             named=bool(cfg.run_name)),
         resume_hint=lambda path: f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path
         else f"rerun with resume={path}",
-        command=lambda path: resume_command(["python", "pretrain.py"], [f"--config-name={args.config_name}", *args.overrides],
+        command=lambda path: resume_command(["python", "pretrain.py"], launch.argv(),
                                             ("resume", "checkpoint_path"), ["resume=auto", f"checkpoint_path={path}"]),
         storage=lambda: (checkpoint_bytes, copies))
 
@@ -548,14 +601,14 @@ def report_length(setup: Setup, data: PuzzleData, step: int) -> float:
     return estimate.seconds
 
 
-def train(args: argparse.Namespace, rank: Dist, stopper: GracefulStop) -> int:
+def train(launch: Launch, rank: Dist, stopper: GracefulStop) -> int:
     """The whole run; returns 0 when the schedule is done, ``stopper.exit_code`` when a signal stopped it."""
     clock = Clock()  # eval/elapsed_s counts from here: wall time as a user waits for it
-    setup = resolve_setup(args, rank)
+    setup = resolve_setup(launch, rank)
     cfg, device = setup.cfg, setup.device
     configure_backends(device, cudnn_benchmark=True, deterministic=cfg.deterministic)
     data = load_data(setup, rank)
-    with session_for(args, setup, data, rank) as session:
+    with session_for(launch, setup, data, rank) as session:
         state = build_state(setup, data, rank, clock, None if session.resume_path else cfg.load_checkpoint)
         checkpointer = Checkpointer(session.run, rank, cfg.keep_last_checkpoints, identity(setup),
                                     lambda: export(state, setup, data))
