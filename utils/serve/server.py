@@ -6,36 +6,56 @@
 It serves one page (page.html, next to this file: HTML, CSS and JavaScript of its own, nothing from a CDN, so it
 works offline) and a JSON API that solving goes through (utils/eval/solving.py, utils/eval/arc_adapt.py):
 
-    GET  /api/models   the models on offer: the bundled ones, then each --checkpoint, with the task each answers
-                       and its own test-time compute (what solve.py uses without flags)
+    GET  /api/models   the models on offer: the bundled ones, then each --checkpoint, with the task each answers,
+                       its own test-time compute (what solve.py uses without flags) and its budget (below)
     POST /api/solve    {"model": ID, "puzzle": TEXT} or {"model": ID, "task": ARC_TASK_JSON}, and optionally
                        "compute": {"segments", "early_exit", "min_segments", "rollouts", "noise", "views",
                        "rollout_seed"}; the answer after every ACT segment, sigmoid(q_halt) per segment, the verdict,
-                       the GIF (base64) and the answer as text; or {"error": ONE_LINE} with status 400, the same line
-                       solve.py prints
+                       the GIF (base64), the answer as text and the compute used; or {"error": ONE_LINE} with status
+                       400, the same line solve.py prints
 
 Safety: it listens on 127.0.0.1 unless ``--host`` says otherwise, and answers only requests whose ``Host`` (and
-``Origin``, when a browser sends one) is its own address, so another web page cannot drive it (DNS rebinding
-included); a POST must be ``application/json`` of at most :data:`MAX_BODY` bytes. No request names a file: models
-are picked by their id among those the command line gave, and an ARC task's dataset and submission go to the
-command's own ``--out`` folder.
+``Origin``, when a browser sends one) is an address it listens on, never a bare 0.0.0.0, so another web page cannot
+drive it (DNS rebinding included). Any other ``--host`` prints a warning naming who can reach the page, and every
+request must then carry the token printed in its address (``?token=``; the page sends it on). A POST must be
+``application/json`` of at most :data:`MAX_BODY` bytes, nested at most :data:`MAX_NESTING` deep. No request names a
+file: models are picked by their id among those the command line gave, and an ARC task's dataset and submission go
+to the command's own ``--out`` folder.
+
+Bounds: a request over its model's compute budget (segments x rollouts x views, and the segment answers it keeps,
+:func:`utils.eval.solving.compute_budget`) is refused before any work; one solve runs at a time, and a solve, or a
+request waiting for its turn, is cancelled between two segments when its client goes away. A client silent for
+:data:`CONNECTION_TIMEOUT_S`, or whose request has not arrived within :data:`REQUEST_DEADLINE_S`, is hung up on; at
+most :data:`MAX_CONNECTIONS` are served at once (the next gets a 503); a client that leaves is no error. Ctrl-C (or
+SIGTERM) cancels the solve in progress and waits for it to leave the model, so the process never ends under a
+thread still inside torch (which aborts: "terminate called without an active exception").
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import errno
+import hmac
+import ipaddress
 import json
 import logging
 import math
+import os
+import secrets
+import select
+import signal
+import socket
+import sys
 import threading
+import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Optional
-from urllib.parse import urlsplit
+from typing import Any, Callable, Optional
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import torch
@@ -44,38 +64,53 @@ from utils.data.arc import tokens_to_grid
 from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku, parse_maze, parse_sudoku
 from utils.errors import RunFailure, UserError
 from utils.run.main import one_line
+from utils.run.stop import signal_exit_code
 from utils.eval.arc_adapt import adapt_and_answer, task_from_json
 from utils.eval.load import Trained, load_trained
-from utils.eval.reasoning import TEST_TIME_FLAGS, TestTimeCompute, test_time_compute
-from utils.eval.solving import BUNDLED, VOCAB, Answer, answer, check_fits, open_model
+from utils.eval.reasoning import TEST_TIME_FLAGS, Cancelled, TestTimeCompute, test_time_compute
+from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
+                                flops_per_pass, gif_segments, open_model)
 from utils.viz.puzzles import render_segments, segments_gif
 
 log = logging.getLogger(__name__)
 PAGE = Path(__file__).with_name("page.html")
 MAX_BODY = 1 << 20  # a 30x30 ARC task with its demonstrations is a few tens of kB
+MAX_NESTING = 32  # an ARC task, the deepest request, nests 6 deep
 TASK_OF_VOCAB = {vocab: task for task, (vocab, _) in VOCAB.items()}
 COMPUTE_FIELDS = (*TEST_TIME_FLAGS, "rollout_seed")
+TOKEN_HEADER = "X-Page-Token"
+CONNECTION_TIMEOUT_S = 30  # a client silent this long (mid-request, or not reading its answer) is hung up on
+REQUEST_DEADLINE_S = 60  # a request's headers and body arrive within this, however slowly they trickle
+MAX_CONNECTIONS = 64  # connections served at once, each a thread
+STOP_GRACE_S = 30  # Ctrl-C waits this long for the solve in progress to leave the model
+TURN_POLL_S = 0.2  # how often a request waiting for its turn checks that its client is still there
+
+
+def compute_json(ttc: TestTimeCompute, halt_max_steps: int) -> dict[str, Any]:
+    """``ttc`` as the page's compute fields (``segments`` counted: the model's ``halt_max_steps`` when unset)."""
+    return {"segments": ttc.segments or halt_max_steps, "early_exit": ttc.early_exit,
+            "min_segments": ttc.min_segments, "rollouts": ttc.rollouts, "noise": ttc.noise, "views": ttc.views,
+            "rollout_seed": ttc.seed}
 
 
 @dataclass
 class Offered:
-    """A model the page offers: ``id`` (its index), a ``label``, the ``task`` it answers, the loaded model, and
-    whether it is a ``bundled`` one."""
+    """A model the page offers: ``id`` (its index), a ``label``, the ``task`` it answers, the loaded model, whether it
+    is a ``bundled`` one, and the ``flops`` of one of its segment passes (its compute budget's unit)."""
 
     id: int
     label: str
     task: str
     trained: Trained
     bundled: bool
+    flops: int
 
-    def describe(self) -> dict[str, Any]:
-        """What the page shows of it, with its own test-time compute as the defaults."""
+    def describe(self, device: torch.device) -> dict[str, Any]:
+        """What the page shows of it: its own test-time compute as the defaults, and its budget now."""
         ttc = test_time_compute(SimpleNamespace(**dict.fromkeys(COMPUTE_FIELDS)), self.trained.cfg)
-        segments = ttc.segments or self.trained.cfg.arch["halt_max_steps"]
+        budget = compute_budget(self.trained, device, flops=self.flops)
         return {"id": self.id, "label": self.label, "task": self.task, "side": math.isqrt(self.trained.seq_len),
-                "compute": {"segments": segments, "early_exit": ttc.early_exit, "min_segments": ttc.min_segments,
-                            "rollouts": ttc.rollouts, "noise": ttc.noise, "views": ttc.views,
-                            "rollout_seed": ttc.seed}}
+                "compute": compute_json(ttc, self.trained.cfg.arch["halt_max_steps"]), "budget": budget.describe()}
 
 
 def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype: torch.dtype) -> list[Offered]:
@@ -102,7 +137,7 @@ def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype
         loaded.append((f"{spec} ({task}, step {trained.step})", task, trained, False))
     if not loaded:
         raise PuzzleInputError("no model to offer: the bundled ones are missing; give --checkpoint")
-    return [Offered(i, label, task, trained, bundled)
+    return [Offered(i, label, task, trained, bundled, flops_per_pass(trained))
             for i, (label, task, trained, bundled) in enumerate(loaded)]
 
 
@@ -116,7 +151,7 @@ def grid_rows(tokens: np.ndarray, task: str) -> np.ndarray:
 
 def answer_json(found: Answer) -> dict[str, Any]:
     """An answer as the page draws it: each segment's grid, the cells whose shown value it changed, sigmoid(q_halt),
-    the verdict."""
+    the verdict; its GIF shows at most :data:`utils.eval.solving.GIF_FRAMES` of the segments."""
     frames, before = [], grid_rows(found.puzzle, found.task)
     for grid, confidence in zip(found.segment_grids, found.confidence):
         shown = grid_rows(grid, found.task)
@@ -125,7 +160,8 @@ def answer_json(found: Answer) -> dict[str, Any]:
         before = shown
     gif = segments_gif(render_segments(found.task, found.puzzle, found.grid, found.segment_grids,
                                        found.segment_q_halt, title=f"{found.task} (cells wrong = cells that differ "
-                                                                   "from the final answer)"))
+                                                                   "from the final answer)",
+                                       shown=gif_segments(len(found.segment_grids))))
     text = (format_sudoku if found.task == "sudoku" else format_maze)(found.grid)
     return {"puzzle": grid_rows(found.puzzle, found.task).tolist(), "frames": frames, "segments": found.segments,
             "halting": found.halting, "votes": found.votes, "consistent": found.consistent, "verdict": found.verdict,
@@ -133,19 +169,29 @@ def answer_json(found: Answer) -> dict[str, Any]:
 
 
 class Solver:
-    """What the API does, apart from HTTP: the models on offer, one solve at a time."""
+    """What the API does, apart from HTTP: the models on offer, one solve at a time, each cancelled between two
+    segments when its client leaves or the server stops (``stopping``); ``busy`` while one runs, and ``thread``, the
+    last one that ran the model."""
 
     def __init__(self, models: list[Offered], args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
                  out: Path):
         self.models, self.args, self.device, self.dtype, self.out = models, args, device, dtype, out
         self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.busy = False
+        self.thread: Optional[threading.Thread] = None
 
-    def solve(self, request: Any) -> dict[str, Any]:
-        """Answer one ``/api/solve`` request.
+    def solve(self, request: Any, client_gone: Optional[Callable[[], bool]] = None) -> dict[str, Any]:
+        """Answer one ``/api/solve`` request: checked whole, budget included, before it waits for its turn.
+
+        Args:
+            client_gone: whether the client has left (asked between segments); None: never.
 
         Raises:
-            UserError: a malformed request or puzzle, or compute out of range: the one line solve.py prints.
+            UserError: a malformed request or puzzle, or compute out of range or over budget: the line solve.py
+                prints.
             RunFailure: an ARC adaptation that stopped.
+            Cancelled: the client left, or the server stops.
         """
         if not isinstance(request, dict):
             raise PuzzleInputError("the request is not a JSON object")
@@ -155,25 +201,42 @@ class Solver:
         offered = self.models[model]
         flags = argparse.Namespace(**{**dict.fromkeys(COMPUTE_FIELDS), **_compute(request.get("compute"))})
         ttc = test_time_compute(flags, offered.trained.cfg, keep_segments=True)
-        with self.lock:
-            if offered.task == "arc":
-                return self._arc(offered, request.get("task"), ttc)
-            puzzle = request.get("puzzle")
-            if not isinstance(puzzle, str) or not puzzle.strip():
-                wanted = "81 characters" if offered.task == "sudoku" else "a maze"
-                raise PuzzleInputError(f"the puzzle is empty: give {wanted}")
-            tokens = (parse_sudoku(puzzle, "the puzzle") if offered.task == "sudoku"
-                      else parse_maze(puzzle, "the maze")[0])
-            check_fits(offered.trained, offered.task, tokens.size, offered.bundled)
-            found = answer(offered.trained, offered.task, [("puzzle", tokens)], ttc, self.device)[0]
-            return {"model": offered.label, **answer_json(found)}
+        if offered.task == "arc" and ttc.views != 1:
+            raise PuzzleInputError(f"views={ttc.views} cannot be used with ARC: its augmented copies vote instead")
+        check_budget(offered.trained, ttc, flags, self.device, flops=offered.flops)
+        used = compute_json(ttc, offered.trained.cfg.arch["halt_max_steps"])
 
-    def _arc(self, offered: Offered, raw: Any, ttc: TestTimeCompute) -> dict[str, Any]:
+        def cancelled() -> bool:
+            return self.stopping.is_set() or (client_gone is not None and client_gone())
+
+        if offered.task == "arc":
+            task, known = task_from_json(request.get("task"), "task", "the task")
+            with _Turn(self, cancelled, f"{offered.label}, {used}"):
+                return self._arc(offered, task, known, ttc)
+        tokens = self._puzzle(offered, request.get("puzzle"))
+        with _Turn(self, cancelled, f"{offered.label}, {used}"):
+            found = answer(offered.trained, offered.task, [("puzzle", tokens)], ttc, self.device, cancelled)[0]
+            if cancelled():
+                raise Cancelled("stopped before drawing the answer")
+            return {"model": offered.label, **answer_json(found), "compute": used}
+
+    @staticmethod
+    def _puzzle(offered: Offered, puzzle: Any) -> np.ndarray:
+        """The request's puzzle as tokens [S] for ``offered``'s model.
+
+        Raises:
+            PuzzleInputError: empty, malformed, or of a size the model was not trained on.
+        """
+        if not isinstance(puzzle, str) or not puzzle.strip():
+            wanted = "81 characters" if offered.task == "sudoku" else "a maze"
+            raise PuzzleInputError(f"the puzzle is empty: give {wanted}")
+        tokens = parse_sudoku(puzzle, "the puzzle") if offered.task == "sudoku" else parse_maze(puzzle, "the maze")[0]
+        check_fits(offered.trained, offered.task, tokens.size, offered.bundled)
+        return tokens
+
+    def _arc(self, offered: Offered, task, known: bool, ttc: TestTimeCompute) -> dict[str, Any]:
         """Adapt to an ARC task sent as JSON and answer it: both attempts of each test input, with every segment's
         answer of its un-augmented copy."""
-        if ttc.views != 1:
-            raise PuzzleInputError(f"views={ttc.views} cannot be used with ARC: its augmented copies vote instead")
-        task, known = task_from_json(raw, "task", "the task")
         args = argparse.Namespace(**{**vars(self.args), "checkpoint": str(offered.trained.path)})
         result = adapt_and_answer(task, known, "the page", args, ttc, self.device, self.dtype, self.out)
         tests = []
@@ -190,103 +253,376 @@ class Solver:
                 "segments": result.segments}
 
 
+class _Turn:
+    """``with``: wait for the solver's one turn, giving up when ``cancelled()``; hold it (``busy``) until the end."""
+
+    def __init__(self, solver: Solver, cancelled: Callable[[], bool], what: str):
+        self.solver, self.cancelled, self.what = solver, cancelled, what
+
+    def __enter__(self) -> None:
+        while not self.solver.lock.acquire(timeout=TURN_POLL_S):
+            if self.cancelled():
+                raise Cancelled("cancelled while waiting for the solve before it")
+        if self.cancelled():
+            self.solver.lock.release()
+            raise Cancelled("cancelled while waiting for the solve before it")
+        self.solver.busy, self.solver.thread = True, threading.current_thread()
+        log.info("solving with %s", self.what)
+
+    def __exit__(self, *exc) -> None:
+        self.solver.busy = False
+        self.solver.lock.release()
+
+
 def _compute(raw: Any) -> dict[str, Any]:
-    """The request's test-time compute, as solve.py's flags (unknown names refused)."""
+    """The request's test-time compute, as solve.py's flags would hold it (unknown names refused).
+
+    Raises:
+        PuzzleInputError: not an object of :data:`COMPUTE_FIELDS`, or a value of the wrong kind.
+    """
     if raw is None:
         return {}
     if not isinstance(raw, dict) or set(raw) - set(COMPUTE_FIELDS):
         raise PuzzleInputError(f"compute must be an object of {', '.join(COMPUTE_FIELDS)}")
-    for name, value in raw.items():
-        kind = bool if name == "early_exit" else (float if name == "noise" else int)
-        if value is not None and (not isinstance(value, (int, float)) or (kind is not bool) == isinstance(value, bool)
-                                  or (kind is int and not float(value).is_integer())):
-            raise PuzzleInputError(f"--{name.replace('_', '-')}={value!r} is not a {kind.__name__}")
-    return {name: (value or None) if name == "early_exit" else value for name, value in raw.items()}
+    return {name: _setting(name, value) for name, value in raw.items()}
 
 
-def handler_for(solver: Solver, allowed_hosts: set[str]) -> type[BaseHTTPRequestHandler]:
-    """The request handler class: the page, ``/api/models``, ``/api/solve``, and the Host/Origin check."""
+def _setting(name: str, value: Any) -> Any:
+    """One compute setting: ``early_exit`` true or false (false is false, not the run's setting), ``noise`` a number,
+    the others whole numbers (JSON's 2.0 is 2); None: not given.
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "solve.py"
+    Raises:
+        PuzzleInputError: a value of another kind, named as solve.py's flag.
+    """
+    if value is None:
+        return None
+    if name == "early_exit":
+        if isinstance(value, bool):
+            return value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif isinstance(value, float) and (name == "noise" or value.is_integer()):
+        return value if name == "noise" else int(value)
+    kind = "bool" if name == "early_exit" else ("float" if name == "noise" else "int")
+    raise PuzzleInputError(f"--{name.replace('_', '-')}={value!r} is not a {kind}")
 
-        def log_message(self, format: str, *args) -> None:  # noqa: A002  (the base class's name)
-            log.debug("%s %s", self.address_string(), format % args)
 
-        def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Cache-Control", "no-store")
-            self.send_header("X-Content-Type-Options", "nosniff")
-            self.end_headers()
-            self.wfile.write(body)
+def parse_request(body: bytes) -> Any:
+    """The JSON value of a request's ``body`` (empty: None).
 
-        def _json(self, status: HTTPStatus, payload: dict) -> None:
-            self._send(status, json.dumps(payload).encode(), "application/json")
+    Raises:
+        PuzzleInputError: not JSON, or nested more than :data:`MAX_NESTING` deep (however deep: the parser's own
+            recursion limit included).
+    """
+    too_deep = f"the request nests arrays or objects more than {MAX_NESTING} deep; an ARC task needs 6"
+    try:
+        request = json.loads(body or b"null")
+    except RecursionError:
+        raise PuzzleInputError(too_deep) from None
+    except ValueError as e:
+        raise PuzzleInputError(f"the request is not JSON ({e})") from None
+    if nesting(request) > MAX_NESTING:
+        raise PuzzleInputError(too_deep)
+    return request
 
-        def _ours(self) -> bool:
-            origin = self.headers.get("Origin")
-            own_origin = origin is None or urlsplit(origin).netloc in allowed_hosts
-            if self.headers.get("Host") in allowed_hosts and own_origin:
-                return True
+
+def nesting(value: Any) -> int:
+    """How deep JSON ``value`` nests arrays and objects (a number: 0), counted without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth + 1)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def netloc(name: str, port: int) -> str:
+    """``name:port`` as a ``Host`` header writes it (an IPv6 address in brackets)."""
+    return f"[{name}]:{port}" if ":" in name else f"{name}:{port}"
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may use the page (:func:`access_for`): the ``Host`` values it answers (None: any but an unspecified address,
+    the token guarding it), the ``token`` each request carries (None: on loopback), the page's ``url``, and the
+    ``warning`` a non-loopback address gets."""
+
+    hosts: Optional[frozenset[str]]
+    token: Optional[str]
+    url: str
+    warning: Optional[str]
+
+    def host_ok(self, host: str) -> bool:
+        """Whether ``host`` (a ``Host`` header, ``name:port``) is one the page answers."""
+        if self.hosts is not None:
+            return host in self.hosts
+        try:
+            name = urlsplit(f"//{host}").hostname or ""
+        except ValueError:  # an unbalanced [
+            return False
+        try:
+            return not ipaddress.ip_address(name).is_unspecified
+        except ValueError:  # a name, not an address
+            return bool(name)
+
+    def origin_ok(self, origin: str, host: str) -> bool:
+        """Whether a browser's ``Origin`` is the page itself (its address, as the ``Host`` it sent)."""
+        try:
+            where = urlsplit(origin).netloc
+        except ValueError:  # an unbalanced [
+            return False
+        return where in self.hosts if self.hosts is not None else where == host
+
+
+def access_for(host: str, bound: str, port: int) -> Access:
+    """Who may use a page that ``--host host`` bound to the address ``bound``, port ``port``.
+
+    On loopback, the Host names of this machine (``localhost``, the address, the name given). Elsewhere a token, and
+    a warning that names who can reach the page: the address's network, or for 0.0.0.0 (or ``""``, ``::``) every
+    network of the machine, whose ``Host`` can be any of its names.
+    """
+    ip = ipaddress.ip_address(bound.split("%")[0])  # an IPv6 link-local address may carry its %interface
+    if ip.is_loopback:
+        names = {host, bound, "localhost"} - {""}
+        url = f"http://{netloc('localhost' if bound == '127.0.0.1' else bound, port)}/"
+        return Access(frozenset(netloc(name, port) for name in names), None, url, None)
+    token = secrets.token_urlsafe(16)
+    if ip.is_unspecified:
+        machine = socket.gethostname()
+        addresses = machine_addresses(machine, ip.version)
+        reach = f"every network interface of this machine ({', '.join([machine, *addresses])})"
+        hosts, where = None, machine
+    else:
+        reach = bound if host in (bound, "") else f"{host} ({bound})"
+        hosts, where = frozenset({netloc(host, port), netloc(bound, port)}), bound
+    warning = (f"--host {host or repr(host)} listens on {reach}: anyone who can reach it on port {port} can use the "
+               "page and its models, with the token in the address below; --host 127.0.0.1 keeps it to this machine")
+    return Access(hosts, token, f"http://{netloc(where, port)}/?token={token}", warning)
+
+
+def machine_addresses(name: str, version: int) -> list[str]:
+    """The addresses (IPv4, or with ``version`` 6 both) that ``name``, this machine's, resolves to, loopback left
+    out; empty where it resolves to none."""
+    try:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    kept = [info[4][0] for info in found if version == 6 or info[0] == socket.AF_INET]
+    return sorted({a for a in kept if not ipaddress.ip_address(a.split("%")[0]).is_loopback})
+
+
+def listen_address(host: str, port: int) -> tuple[int, tuple]:
+    """The socket family and address that ``--host host --port port`` bind (``""``: 0.0.0.0, every interface;
+    an IPv4 address first where a name has both).
+
+    Raises:
+        UserError: ``host`` names no address.
+    """
+    try:
+        found = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as e:
+        raise UserError(f"--host {host}: no such address ({getattr(e, 'strerror', None) or e}); give an address of "
+                        "this machine, such as 127.0.0.1 (this machine only)") from None
+    family, _, _, _, address = min(found, key=lambda info: info[0] != socket.AF_INET)
+    return family, address
+
+
+def bind_advice(host: str, port: int, error: OSError) -> str:
+    """The one line for a failed bind: the address, why, and what to change (the port only when it is the port)."""
+    if error.errno == errno.EADDRINUSE:
+        fix = "another program listens there: choose another --port (0 picks a free one)"
+    elif error.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+        fix = (f"{host} is not an address of this machine{' (or its IPv6 is off)' if ':' in host else ''}: give "
+               "one of its addresses, such as 127.0.0.1 (this machine only)")
+    elif error.errno == errno.EACCES and 0 < port < 1024:
+        fix = "ports below 1024 need administrator rights: choose --port 1024 or above (0 picks a free one)"
+    else:
+        fix = "choose another --host or --port"
+    return f"cannot listen on {netloc(host, port)} ({error.strerror or error}); {fix}"
+
+
+class Handler(BaseHTTPRequestHandler):
+    """The page, ``/api/models`` and ``/api/solve`` of its :class:`PageServer`, each after the Host/Origin (and
+    token) check; a connection is hung up on when silent for ``timeout`` seconds or when its request has not arrived
+    within :data:`REQUEST_DEADLINE_S`."""
+
+    server: "PageServer"
+    server_version = "solve.py"
+    timeout = CONNECTION_TIMEOUT_S
+
+    def setup(self) -> None:
+        super().setup()
+        self._deadline = threading.Timer(REQUEST_DEADLINE_S, self._hang_up)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
+
+    def _hang_up(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)  # the blocked read returns: the handler ends
+        except OSError:
+            pass
+
+    def _client_gone(self) -> bool:
+        """Whether the client closed its end (what it may have sent after the request is left unread)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1, socket.MSG_PEEK)
+        except (OSError, ValueError):
+            return True
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002  (the base class's name)
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: HTTPStatus, payload: dict) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _ours(self) -> bool:
+        access, host, origin = self.server.access, self.headers.get("Host", ""), self.headers.get("Origin")
+        if not access.host_ok(host) or (origin is not None and not access.origin_ok(origin, host)):
             self._json(HTTPStatus.FORBIDDEN, {"error": "this server answers only its own page (Host/Origin is not "
                                                        "its address)"})
             return False
+        if access.token is None:
+            return True
+        given = self.headers.get(TOKEN_HEADER) or parse_qs(self.path.partition("?")[2]).get("token", [""])[0]
+        if hmac.compare_digest(given.encode(), access.token.encode()):
+            return True
+        self._json(HTTPStatus.FORBIDDEN, {"error": "this page needs its token: open the address solve.py --serve "
+                                                   "printed, with its ?token=..."})
+        return False
 
-        def do_GET(self) -> None:  # noqa: N802  (http.server's name)
-            if not self._ours():
-                return
-            if self.path in ("/", "/index.html"):
-                self._send(HTTPStatus.OK, PAGE.read_bytes(), "text/html; charset=utf-8")
-            elif self.path == "/api/models":
-                self._json(HTTPStatus.OK, {"models": [m.describe() for m in solver.models]})
-            else:
-                self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {self.path}"})
+    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+        self._deadline.cancel()
+        if not self._ours():
+            return
+        path = self.path.partition("?")[0]
+        if path in ("/", "/index.html"):
+            self._send(HTTPStatus.OK, PAGE.read_bytes(), "text/html; charset=utf-8")
+        elif path == "/api/models":
+            solver = self.server.solver
+            self._json(HTTPStatus.OK, {"models": [m.describe(solver.device) for m in solver.models]})
+        else:
+            self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
 
-        def do_POST(self) -> None:  # noqa: N802
-            if not self._ours():
-                return
-            if self.path != "/api/solve":
-                return self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {self.path}"})
-            if self.headers.get_content_type() != "application/json":
-                return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send the request as application/json"})
-            try:
-                length = int(self.headers.get("Content-Length", "-1"))
-            except ValueError:
-                length = -1
-            if not 0 <= length <= MAX_BODY:
-                return self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                  {"error": f"a request is at most {MAX_BODY} bytes"})
-            try:
-                request = json.loads(self.rfile.read(length) or b"null")
-            except ValueError as e:
-                return self._json(HTTPStatus.BAD_REQUEST, {"error": f"the request is not JSON ({e})"})
-            try:
-                self._json(HTTPStatus.OK, solver.solve(request))
-            except (UserError, RunFailure) as e:
-                self._json(HTTPStatus.BAD_REQUEST, {"error": one_line(e)})
-            except Exception as e:  # a bug: the page says so, the terminal keeps the traceback
-                log.exception("solving failed")
-                self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error ({type(e).__name__}: "
-                                                                       f"{one_line(e)}); the terminal has the details"})
+    def do_POST(self) -> None:  # noqa: N802
+        if not self._ours():
+            return
+        path = self.path.partition("?")[0]
+        if path != "/api/solve":
+            return self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
+        if self.headers.get_content_type() != "application/json":
+            return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send the request as application/json"})
+        try:
+            length = int(self.headers.get("Content-Length", "-1"))
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            return self._json(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                              {"error": f"a request is at most {MAX_BODY} bytes"})
+        body = self.rfile.read(length)
+        self._deadline.cancel()
+        if len(body) < length:
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": f"the request ended after {len(body)} of the "
+                                                                f"{length} bytes its Content-Length announced"})
+        try:
+            request = parse_request(body)
+        except UserError as e:
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": one_line(e)})
+        self._solve(request)
 
-    return Handler
+    def _solve(self, request: Any) -> None:
+        solver = self.server.solver
+        try:
+            payload = solver.solve(request, self._client_gone)
+        except Cancelled:
+            if solver.stopping.is_set():
+                self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "the server is stopping: this solve was "
+                                                                     "cancelled"})
+            return  # else the client left: no one to answer
+        except (UserError, RunFailure) as e:
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": one_line(e)})
+        except Exception as e:  # a bug: the page says so, the terminal keeps the traceback
+            log.exception("solving failed")
+            return self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error ({type(e).__name__}: "
+                                                                          f"{one_line(e)}); the terminal has the "
+                                                                          "details"})
+        self._json(HTTPStatus.OK, payload)
 
 
 class PageServer(ThreadingHTTPServer):
-    """The bound server and its :class:`Solver`; ``url`` is the page's address."""
+    """The bound server, its :class:`Solver` and :class:`Access`; ``url`` is the page's address. At most
+    :data:`MAX_CONNECTIONS` connections are served at once (``open_connections``); a client that leaves early is
+    logged at debug level, not as an error."""
 
-    daemon_threads = True
+    daemon_threads = True  # a stuck client never keeps the process alive; serve() waits for the solve itself
 
     def __init__(self, solver: Solver, host: str, port: int):
-        super().__init__((host, port), handler_for(solver, set()))
+        self.address_family, address = listen_address(host, port)
         self.solver = solver
+        self.open_connections = 0
+        self._count = threading.Lock()
+        super().__init__(address, Handler)
         bound, port = self.server_address[:2]
-        local = bound in ("127.0.0.1", "::1")
-        names = {host, bound} | ({"localhost", "127.0.0.1", "[::1]"} if local else set())
-        self.RequestHandlerClass = handler_for(solver, {f"{name}:{port}" for name in names})
-        self.url = f"http://{'localhost' if local else host}:{port}/"
+        self.access = access_for(host, bound, port)
+        self.url = self.access.url
+
+    def process_request(self, request, client_address) -> None:
+        with self._count:
+            full = self.open_connections >= MAX_CONNECTIONS
+            self.open_connections += not full
+        if full:
+            busy_reply(request)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # its thread did not start
+            self._leave()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        with self._count:
+            self.open_connections -= 1
+
+    def handle_error(self, request, client_address) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, TimeoutError)):  # the client left, or stopped reading
+            log.debug("%s: %s", client_address, error)
+        else:
+            log.error("a request from %s failed", client_address, exc_info=True)
+
+
+def busy_reply(connection: socket.socket) -> None:
+    """Tell a connection over :data:`MAX_CONNECTIONS` so with a 503, without waiting on it."""
+    body = json.dumps({"error": f"the page serves {MAX_CONNECTIONS} connections already: try again when one "
+                                "ends"}).encode()
+    head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    try:
+        connection.settimeout(1)
+        connection.sendall(head + body)
+    except OSError:
+        pass
 
 
 def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, out: Path) -> PageServer:
@@ -299,19 +635,67 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     try:
         return PageServer(solver, args.host, args.port)
     except OSError as e:
-        raise UserError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}); choose another --port") \
-            from None
+        raise UserError(bind_advice(args.host, args.port, e)) from None
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while serving (raised like KeyboardInterrupt, so nothing on the way catches it)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
 
 
 def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, out: Path) -> int:
-    """``solve.py --serve``: serve the page until Ctrl-C."""
+    """``solve.py --serve``: serve the page until Ctrl-C (or SIGTERM).
+
+    Returns:
+        0 when no solve was running, else 128 + the signal's number (130, 143): the solve was cancelled.
+    """
     server = make_server(args, device, dtype, out)
+    if server.access.warning:
+        print(f"warning: {server.access.warning}", file=sys.stderr, flush=True)
     count = len(server.solver.models)
     print(f"the page: {server.url} ({count} model{'s' * (count != 1)}; Ctrl-C stops it)", flush=True)
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    signum = signal.SIGINT
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        print("stopped", flush=True)
+        pass
+    except Terminated:
+        signum = signal.SIGTERM
     finally:
-        server.server_close()
-    return 0
+        signal.signal(signal.SIGTERM, previous)
+    return stop_serving(server, signum)
+
+
+def stop_serving(server: PageServer, signum: int) -> int:
+    """Cancel the solve in progress, wait up to :data:`STOP_GRACE_S` for its thread to end, close the server.
+
+    Python's exit ends the threads still running (they are daemons) where they stand; one inside torch's C++ code
+    aborts the process. So a solve that does not end in time (an ARC adaptation, which has no segments to stop
+    between), or a second Ctrl-C, ends the process at once (``os._exit``).
+
+    Returns:
+        The exit code: 0 when no solve was running, else 128 + ``signum``.
+    """
+    solver = server.solver
+    cut_short = solver.busy
+    solver.stopping.set()
+    deadline = time.monotonic() + STOP_GRACE_S
+    try:
+        left = solver.lock.acquire(timeout=STOP_GRACE_S)  # no solve runs, and none will start
+        if left and solver.thread is not None:  # the last one's thread may still answer its client
+            solver.thread.join(max(0.0, deadline - time.monotonic()))
+            left = not solver.thread.is_alive()
+    except (KeyboardInterrupt, Terminated):  # asked again: do not wait
+        left = False
+    server.server_close()
+    code = signal_exit_code(signum) if cut_short else 0
+    print(f"stopped{' (the solve in progress was cancelled)' if cut_short else ''}", flush=True)
+    if not left:
+        print("the solve in progress did not stop in time: ending without waiting for it", file=sys.stderr,
+              flush=True)
+        os._exit(code)
+    return code

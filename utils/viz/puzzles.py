@@ -446,7 +446,8 @@ def render_example(task: str, inputs, labels, preds=None, title: str | None = No
 # The answer after each ACT segment: frames, a GIF and a strip
 
 
-def render_segments(task: str, inputs, labels, segment_preds, q_halt, title: str | None = None) -> list[Image.Image]:
+def render_segments(task: str, inputs, labels, segment_preds, q_halt, title: str | None = None,
+                    shown=None) -> list[Image.Image]:
     """One picture per ACT segment of one example: the answer the model would give if it halted there.
 
     Each frame is :func:`render_example` of that segment's answer, titled ``"<title> · segment t/T ·
@@ -460,8 +461,9 @@ def render_segments(task: str, inputs, labels, segment_preds, q_halt, title: str
         segment_preds: [T, S] integer tokens, the argmax answer after each of T >= 1 segments.
         q_halt: [T] float halting logits, one per segment.
         title: what the example is (e.g. :func:`example_title` without a prediction); None leaves it out.
+        shown: the (0-based) segments to draw, for a long answer; None: all T. Titles keep ``t/T``.
     Returns:
-        T RGB images of one size.
+        An RGB image of one size per segment drawn.
     Raises:
         VisualizationError: shapes that do not fit (T = 0, a segment not S long, q_halt not [T]) or
             tokens the task's renderer refuses.
@@ -478,8 +480,10 @@ def render_segments(task: str, inputs, labels, segment_preds, q_halt, title: str
     confidence = 0.5 * (1 + np.tanh(q_halt.astype(np.float64) / 2))  # sigmoid, without overflow for large |logit|
     total = len(segment_preds)
     frames = []
-    for t, (preds, sigma) in enumerate(zip(segment_preds, confidence), start=1):
-        line = f"segment {t}/{total} · sigmoid(q_halt)={sigma:.2f} · {verdict(_array(labels).reshape(-1), preds)}"
+    for t in range(total) if shown is None else shown:
+        preds = segment_preds[t]
+        line = (f"segment {t + 1}/{total} · sigmoid(q_halt)={confidence[t]:.2f} · "
+                f"{verdict(_array(labels).reshape(-1), preds)}")
         frames.append(render_example(task, inputs, labels, preds, title=f"{title} · {line}" if title else line))
     width, height = max(f.width for f in frames), max(f.height for f in frames)
     padded = []
