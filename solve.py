@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
         return serve(args, device, dtype, out)
     if args.arc is not None:
-        from utils.eval.arc_adapt import solve_arc_task  # the trainer, only for ARC: a Sudoku answers sooner
+        from utils.train.arc_adapt import solve_arc_task  # the trainer, only for ARC: a Sudoku answers sooner
 
         check_budget(check_adaptable(args), ttc, args, device)
         return solve_arc_task(args, ttc, device, dtype, out)

@@ -20,7 +20,7 @@ from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1_Inner
 from tests.conftest import child_env, signal_at
 from utils.distributed import Dist
 from utils.errors import UserError
-from utils.eval import arc_adapt
+from utils.train import arc_adapt
 from utils import checkpoint as checkpoint_mod
 from utils.run import estimate as estimate_mod
 from utils.run import faults
@@ -426,7 +426,7 @@ def fake_train(calls: list):
 
 @pytest.mark.parametrize("value", ["train:1:SIGTERM", "train:1:SIGINT", "train:x:SIGNOPE"])
 def test_campaign4_p07_p19_an_in_process_arc_adaptation_never_arms_the_signal_hook(value, tmp_path, monkeypatch):
-    """The ARC adaptation trains inside solve.py or the page (utils/eval/arc_adapt.py): RUN_SIGNAL_AT in their
+    """The ARC adaptation trains inside solve.py or the page (utils/train/arc_adapt.py): RUN_SIGNAL_AT in their
     environment neither signals their own process (p07: the page died on an ARC request; p19: solve.py --arc exited
     1 with a resume hint) nor refuses the task (p19: a malformed value, after the task's dataset was written)."""
     monkeypatch.setenv("RUN_SIGNAL_AT", value)

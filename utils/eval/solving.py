@@ -4,7 +4,7 @@ A model is a checkpoint the user names (a file, a run directory, ``hf://owner/re
 bundled for the task (``models/pretrained/``, each with its card). Puzzles come as a user writes them
 (utils/data/user_puzzles.py), are answered under a test-time compute policy (utils/eval/reasoning.py), and each
 answer comes back with the grid after every ACT segment, the halting confidence ``sigmoid(q_halt)`` per segment, and
-what keeps it from being a solution. An ARC task is adapted to first: utils/eval/arc_adapt.py.
+what keeps it from being a solution. An ARC task is adapted to first: utils/train/arc_adapt.py.
 
 Every request is bounded before any work (:func:`compute_budget`): its segment passes a puzzle (segments × rollouts
 × views) by what the model costs, and the segment answers it keeps by the memory available, so that neither

@@ -4,7 +4,7 @@
     python solve.py --serve --checkpoint RUN --checkpoint hf://owner/repo --port 0
 
 It serves one page (page.html, next to this file: HTML, CSS and JavaScript of its own, nothing from a CDN, so it
-works offline) and a JSON API that solving goes through (utils/eval/solving.py, utils/eval/arc_adapt.py):
+works offline) and a JSON API that solving goes through (utils/eval/solving.py, utils/train/arc_adapt.py):
 
     GET  /api/models   the models on offer: the bundled ones, then each --checkpoint, with the task each answers,
                        its own test-time compute (what solve.py uses without flags) and its budget (below)
@@ -65,7 +65,7 @@ from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku
 from utils.errors import RunFailure, UserError
 from utils.run.main import one_line
 from utils.run.stop import signal_exit_code
-from utils.eval.arc_adapt import adapt_and_answer, task_from_json
+from utils.train.arc_adapt import adapt_and_answer, task_from_json
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import TEST_TIME_FLAGS, Cancelled, TestTimeCompute, test_time_compute
 from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
