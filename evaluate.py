@@ -24,10 +24,10 @@ from typing import Optional
 
 from utils.config import ConfigError
 from utils.data.puzzle_dataset import PuzzleDataset
+from utils.data.saved_outputs import OutputsCollector
 from utils.device import select_device, select_dtype
 from utils.distributed import Dist
 from utils.eval.arc import ARC, score_outputs, write_results
-from utils.eval.outputs import OutputsCollector
 from utils.eval.load import load_trained
 from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import add_test_time_arguments, test_time_compute

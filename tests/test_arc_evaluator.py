@@ -17,9 +17,9 @@ import torch.multiprocessing as mp
 from tests.test_arc_dataset import NAME, transform, write_task
 from utils.data import arc
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset
+from utils.data.saved_outputs import OutputsCollector, OutputsError, load_outputs
 from utils.eval.arc import ARC, PASS_KEY, rank_answers, score_outputs
 from utils.eval.stats import wilson_interval
-from utils.eval.outputs import OutputsCollector, OutputsError, load_outputs
 
 PASS_KS = (1, 2, 5, 10, 100, 1000)
 

@@ -24,9 +24,9 @@ from tests.test_predict_pose import args_for, setup  # noqa: F401  (setup: a fix
 from tests.test_solve import SUDOKU, sudoku_run  # noqa: F401  (sudoku_run: a fixture)
 from utils.data.arc import parse_grid
 from utils.data.puzzle_dataset import DatasetError
+from utils.data.saved_outputs import FILE_PATTERN, load_outputs
 from utils.data.synthetic_cape import build as build_cape
 from utils.eval import puzzle as puzzle_mod
-from utils.eval.outputs import FILE_PATTERN, load_outputs
 from utils.train import puzzle_trainer
 from utils.checkpoint import CheckpointError, safe_load
 

@@ -227,7 +227,7 @@ def test_saved_outputs_on_a_full_disk_are_one_line(tmp_path):
     # A real write failure inside torch.save (which reports it as a RuntimeError): the process may write
     # files of at most 64 KiB, so the 400 KB outputs file fails part-way with EFBIG.
     code = ("import resource, signal, sys, torch\n"
-            "from utils.eval.outputs import OutputsCollector\n"
+            "from utils.data.saved_outputs import OutputsCollector\n"
             "from utils.run.main import cli_main\n"
             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
             "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, resource.RLIM_INFINITY))\n"

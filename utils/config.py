@@ -159,7 +159,7 @@ FLOAT_RANGES = {
     "ema_rate": (0, 1, False),  # a convex weight: 0 copies the weights, 1 keeps the first ones
     "eval_noise": (0, 100, False),  # in units of the initial state's entries (std 1): 100 drowns it
 }
-# The keys of the saved test outputs (utils/eval/outputs.py), the reference's and every segment's answers.
+# The keys of the saved test outputs (utils/data/saved_outputs.py), the reference's and every segment's answers.
 SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_logits", "segments", "segment_preds",
                     "segment_q_halt")
 

@@ -47,7 +47,7 @@ from utils.data.arc import (GRID_SIZE, SEQ_LEN, COLOUR_OFFSET, crop_shapes, grid
                             parse_puzzle_name)
 from utils.data.common import inverse_dihedral
 from utils.data.puzzle_dataset import DatasetError, load_metadata
-from utils.eval.outputs import OutputsError, load_outputs
+from utils.data.saved_outputs import OutputsError, load_outputs
 from utils.eval.stats import with_interval
 from utils.outputs import write_atomically
 
@@ -297,7 +297,7 @@ class ARC:
 
 def score_outputs(files, data_path: str | os.PathLike, submission_path: str | os.PathLike | None = None,
                   report_path: str | os.PathLike | None = None, batch_size: int = 4096) -> dict[str, float]:
-    """Score saved outputs files (one per rank, see utils/eval/outputs.py) without a model.
+    """Score saved outputs files (one per rank, see utils/data/saved_outputs.py) without a model.
 
     Args:
         files: the ``step_<N>_all_preds.<rank>`` files of one evaluation.

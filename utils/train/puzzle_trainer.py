@@ -38,10 +38,10 @@ from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_c
                           leaves, recipe_layers, to_dict)
 from utils.data.builders import build_dataset
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_compatible
+from utils.data.saved_outputs import OutputsCollector
 from utils.device import compile_decision, configure_backends, memory_available, select_dtype
 from utils.distributed import Dist, any_rank, main_decides
 from utils.eval.arc import ARC
-from utils.eval.outputs import OutputsCollector
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.eval.reasoning import SETTING_NAMES, TestTimeCompute, view_grid_side
 from utils.hardware_optimizer import HRM_CONFIGS, compile_model, resolve_hardware_profile

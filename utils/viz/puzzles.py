@@ -44,8 +44,8 @@ from tqdm import tqdm
 from utils.data.arc import COLOUR_OFFSET, tokens_to_grid
 from utils.data.maze import GOAL, OPEN, PATH, START, WALL
 from utils.data.puzzle_dataset import IGNORE_LABEL_ID, DatasetError, PuzzleDatasetMetadata, load_arrays, load_metadata
+from utils.data.saved_outputs import FILE_PATTERN, OutputsError, load_outputs
 from utils.errors import UserError
-from utils.eval.outputs import FILE_PATTERN, OutputsError, load_outputs
 from utils.outputs import write_atomically
 
 # (vocab_size, seq_len) of each task; a maze's seq_len is any square.
@@ -668,7 +668,7 @@ def write_gallery(data_path: str | os.PathLike, out_dir: str | os.PathLike, spli
 
     Without ``outputs``: the first example of each of the first ``num`` groups of ``split`` (so augmented
     copies do not crowd the page). With ``outputs`` (the reference's ``step_<N>_all_preds.<rank>`` files,
-    read with :func:`utils.eval.outputs.load_outputs`): the first ``num`` rows that are not batch padding,
+    read with :func:`utils.data.saved_outputs.load_outputs`): the first ``num`` rows that are not batch padding,
     each titled right (every supervised token right, the reference's exact accuracy) or how many cells
     are wrong (:func:`example_title`; the step is read from the file names). When the outputs also hold
     ``segment_preds`` (int [N, T, seq_len], the answer after each ACT segment) and ``segment_q_halt``
