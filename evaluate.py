@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from utils.cli import ArgumentParser
 from utils.config import ConfigError
 from utils.data.puzzle_dataset import PuzzleDataset
 from utils.data.saved_outputs import OutputsCollector
@@ -33,7 +34,7 @@ from utils.eval.puzzle import evaluate_puzzles
 from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.eval.stats import interval_keys
 from utils.outputs import announce_replacing, check_writable_dir, check_writable_file
-from utils.run.main import ArgumentParser, cli_main
+from utils.run.main import cli_main
 
 log = logging.getLogger("evaluate")
 

@@ -30,6 +30,7 @@ from typing import Optional
 
 import torch
 
+from utils.cli import ArgumentParser
 from utils.config import ConfigError
 from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku
 from utils.device import select_device, select_dtype
@@ -37,7 +38,7 @@ from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.eval.load import Trained
 from utils.eval.solving import TASK_SEQ_LEN, Answer, answer, check_budget, gif_segments, open_model, read_puzzles
 from utils.outputs import check_writable_dir, unused_stem
-from utils.run.main import ArgumentParser, cli_main
+from utils.run.main import cli_main
 from utils.run.stop import signal_exit_code
 from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
 

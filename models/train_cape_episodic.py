@@ -33,6 +33,7 @@ from tqdm import tqdm
 from models.cape import BACKBONES, MODELS, build_model, init_backbone_weights
 from models.cape.checkpoint import load_trained, model_record
 from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
+from utils.cli import ArgumentParser
 from utils.config import ConfigError, check_number
 from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
                               collate_episodes, crop_to_original, load_mp100, load_split)
@@ -46,7 +47,7 @@ from utils.run import faults
 from utils.checkpoint import safe_load
 from utils.run.checkpointer import Best, Checkpointer
 from utils.run.guard import NonFiniteGuard
-from utils.run.main import ArgumentParser, run_main
+from utils.run.main import run_main
 from utils.run.metrics import MetricsWindow, MetricsWriter
 from utils.run.plan import Decision, Plan, layered_settings
 from utils.run.run_dir import run_location, settings_fingerprint

@@ -26,9 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 
 
 class BenchmarkError(UserError):

@@ -39,11 +39,12 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.config import recipe_config  # noqa: E402
 from utils.data.builders import build_dataset  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 from utils.run.stop import signal_exit_code  # noqa: E402
 
 

@@ -43,11 +43,12 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from models import build_model, validate_arch  # noqa: E402
 from models.sparse_embedding import SparseEmbeddingSignSGD  # noqa: E402
 from utils.bench import PROTOCOL, SUDOKU, not_a_checkout, paired_median, serve_steps, sudoku_batch  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.config import recipe_config  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.hardware_optimizer import compile_model, machine_line  # noqa: E402
 from utils.optimizer_utils import get_adam_atan2_optimizer  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 
 # name -> (recipe, what it is)
 MODELS = {

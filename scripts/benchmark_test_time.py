@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.data.puzzle_dataset import PuzzleDataset  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.distributed import Dist  # noqa: E402
@@ -31,7 +32,7 @@ from utils.eval.puzzle import evaluate_puzzles  # noqa: E402
 from utils.eval.reasoning import TestTimeCompute  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.outputs import check_writable_file  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 
 
 def ints(text: str) -> list[int]:

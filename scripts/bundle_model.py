@@ -40,6 +40,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from models import validate_arch  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.config import (CONFIG_DIR, PretrainConfig, build_config, leaves, merge_layers, recipe_layers,  # noqa: E402
                           to_dict)
 from utils.data.builders import BUILDERS  # noqa: E402
@@ -53,7 +54,7 @@ from utils.eval.puzzle import evaluate_puzzles  # noqa: E402
 from utils.eval.reasoning import TestTimeCompute  # noqa: E402
 from utils.outputs import check_writable_file, replace_together, write_atomically  # noqa: E402
 from utils.checkpoint import CheckpointError, safe_load  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 from utils.train.puzzle_trainer import choose_data_paths  # noqa: E402
 from utils.run.run_dir import LOCK, run_outputs, read_manifest  # noqa: E402
 

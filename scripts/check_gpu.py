@@ -38,11 +38,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.data.sudoku import build_dataset  # noqa: E402
 from utils.data.synthetic_cape import build as build_cape  # noqa: E402
 from utils.device import cpu_name  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 
 TIMEOUT_S = 300
 GRACE_S = 20  # a stopped command's time to end on its own (a trainer checkpoints; torchrun ends its workers)

@@ -23,10 +23,11 @@ from PIL import Image  # noqa: E402
 
 import models.cape.predict as predict  # noqa: E402
 from models.cape.checkpoint import load_trained  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.data.mp100 import Category, Instance, skeleton_adjacency  # noqa: E402
 from utils.device import select_device  # noqa: E402
 from utils.outputs import check_writable_dir, check_writable_file, unused_name, write_atomically  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 from utils.viz.pose import prediction_picture  # noqa: E402
 
 FORMAT = """support keypoints file (--support-keypoints), JSON, one entry per --support image in the same order:

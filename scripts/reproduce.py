@@ -38,11 +38,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from models import build_model  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.data.common import write_one_example_split  # noqa: E402
 from utils.distributed import Dist  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.run.estimate import Estimate, duration, matmul_rate, step_flops, synchronize  # noqa: E402
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 
 RUN_ROOT = "checkpoints/reproduce"  # each row trains into RUN_ROOT/<row>, which its evaluation reads
 TIMED_STEP_S = 2.0  # the timed steps run at the batch this machine does in about this long (scaled to the real one)

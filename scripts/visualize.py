@@ -12,7 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
 
-from utils.run.main import ArgumentParser, cli_main  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
+from utils.run.main import cli_main  # noqa: E402
 from utils.viz.puzzles import write_gallery  # noqa: E402
 
 

@@ -15,7 +15,6 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from utils.cli import ArgumentParser  # noqa: F401  (the entry points' parser, re-exported while they move)
 from utils.distributed import Dist, init_distributed
 from utils.errors import RunFailure, UserError
 from utils.run.stop import GracefulStop, StoppedAtOnce, signal_exit_code

@@ -34,6 +34,7 @@ from models.checkpoints import ModelWeights, load_pretrained, reference_state_di
 from models.ema import EMAHelper
 from models.layers import attention_backend
 from models.sparse_embedding import SparseEmbeddingSignSGD
+from utils.cli import ArgumentParser
 from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, describe_keys,
                           leaves, recipe_layers, to_dict)
 from utils.data.builders import build_dataset
@@ -50,7 +51,7 @@ from utils.run import faults
 from utils.run.checkpointer import Best, Checkpointer
 from utils.run.estimate import LONG_RUN_HOURS, Estimate, StepPace, duration, matmul_rate, step_flops
 from utils.run.guard import NonFiniteGuard
-from utils.run.main import ArgumentParser, run_main
+from utils.run.main import run_main
 from utils.run.metrics import MetricsWindow, MetricsWriter
 from utils.run.plan import Decision, Plan, layered_settings
 from utils.run.run_dir import run_location, settings_fingerprint
