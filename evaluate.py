@@ -30,7 +30,7 @@ from utils.device import select_device, select_dtype
 from utils.distributed import Dist
 from utils.eval.arc import ARC, score_outputs, write_results
 from utils.eval.load import load_trained
-from utils.eval.puzzle import evaluate_puzzles
+from utils.eval.puzzle import evaluate_puzzles, parse_band_key
 from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.eval.stats import interval_keys
 from utils.outputs import announce_replacing, check_writable_dir, check_writable_file
@@ -99,22 +99,25 @@ def check_output_paths(args: argparse.Namespace) -> None:
 
 def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
     """Print ``metrics`` one per line, a proportion with its interval fields as
-    ``exact_accuracy: 0.8125 (95% CI 0.57-0.93, n=16)`` (n: ``ARC/tasks`` for ``ARC/`` keys, else ``count``);
-    with ``as_json``, the flat dict as one JSON object."""
+    ``exact_accuracy: 0.8125 (95% CI 0.57-0.93, n=16)`` (n: ``ARC/tasks`` for ``ARC/`` keys, else ``count``) and a
+    rating band's accuracy as ``exact_accuracy[rating 16-31]: 0.8125 (95% CI 0.57-0.93, n=16)`` (n: that band's
+    count); with ``as_json``, the flat dict as one JSON object."""
     if as_json:
         print(json.dumps(metrics))
         return
     print(title)
-    interval_fields = {name for k in metrics for name in interval_keys(k) if name in metrics}
+    bands = {k: parse_band_key(k) for k in metrics if parse_band_key(k)}
+    hidden = {name for k in metrics for name in interval_keys(k) if name in metrics} | {n for _, n in bands.values()}
     for k, v in metrics.items():
-        if k in interval_fields:
+        if k in hidden:
             continue
+        label, n_key = bands.get(k, (k, "ARC/tasks" if k.startswith("ARC/") else "count"))
         low, high = interval_keys(k)
         if low in metrics and high in metrics:
-            n = metrics.get("ARC/tasks" if k.startswith("ARC/") else "count", float("nan"))
-            print(f"  {k:>16}: {v:.4f} (95% CI {metrics[low]:.2f}-{metrics[high]:.2f}, n={n:.0f})")
+            n = metrics.get(n_key, float("nan"))
+            print(f"  {label:>16}: {v:.4f} (95% CI {metrics[low]:.2f}-{metrics[high]:.2f}, n={n:.0f})")
         else:
-            print(f"  {k:>16}: {v:.4f}")
+            print(f"  {label:>16}: {v:.4f}")
 
 
 def score_saved_outputs(args: argparse.Namespace) -> int:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data.puzzle_dataset import IGNORE_LABEL_ID, DatasetError, PuzzleDataset, PuzzleDatasetMetadata, load_metadata
+from utils.data.puzzle_dataset import (IGNORE_LABEL_ID, NO_BAND, RATING_BAND_KEY, DatasetError, PuzzleDataset,
+                                      PuzzleDatasetMetadata, load_metadata, rating_bands)
 
 SEQ_LEN = 3
 
@@ -286,3 +287,23 @@ def test_bad_batch_settings(tmp_path):
     with pytest.raises(DatasetError, match="cannot fill one global batch of 8"):
         PuzzleDataset(tmp_path, "train", 8)
     assert len(PuzzleDataset(tmp_path, "train", 8, epochs_per_iter=2)) == 1
+
+
+def test_ratings_reach_test_batches_of_their_own_puzzles_only(tmp_path):
+    """A ratings file gives each test row its puzzle's rating band (multi-example puzzles, two sets, padding);
+    training batches and datasets without ratings keep the reference's three fields."""
+    for split in ("train", "test"):
+        directory = write_split(tmp_path, split, [[2], [1, 3]], sets=("all", "extra"))
+        np.save(directory / "all__ratings.npy", np.array([0, 5, 40]))  # puzzles 0..2 of set "all"; "extra" has none
+    test = PuzzleDataset(tmp_path, "test", global_batch_size=4)
+    assert test.rating_bands == [0, 4, 32]
+    rows = {}
+    for name, batch, _ in test:
+        for example, band in zip(example_ids(batch), batch[RATING_BAND_KEY].tolist()):
+            rows.setdefault(name, []).append((example, band))
+    per_puzzle = rating_bands([0, 5, 40])
+    assert rows["all"] == [(0, per_puzzle[0]), (1, per_puzzle[0]), (2, per_puzzle[1]),
+                           (3, per_puzzle[2]), (4, per_puzzle[2]), (5, per_puzzle[2]), (-1, NO_BAND), (-1, NO_BAND)]
+    assert {band for _, band in rows["extra"]} == {NO_BAND}
+    train = PuzzleDataset(tmp_path, "train", global_batch_size=2)
+    assert train.rating_bands == [] and all(set(b) == {"inputs", "labels", "puzzle_identifiers"} for _, b, _ in train)

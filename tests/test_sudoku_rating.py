@@ -167,3 +167,55 @@ def test_random_fill_draws_different_valid_grids():
     fills = [solver.search([0] * 81, rng=np.random.default_rng(k)) for k in range(20)]
     assert all(is_valid_solution(f.solution) for f in fills)
     assert len({builder.grid_fingerprints(np.array(f.solution)[None])[0] for f in fills}) == 20  # not relabellings
+
+
+def test_search_many_gets_the_counts_guesses_and_solutions_of_search():
+    rng = np.random.default_rng(13)
+    puzzles = [grid(WIKIPEDIA), grid(ESCARGOT), [0] * 81]
+    for _ in range(6):
+        q, sol = builder.generate_puzzle(rng, 0)
+        puzzles.append(q)
+        partial = q.copy()
+        partial[np.flatnonzero(partial)[:4]] = 0  # several solutions
+        puzzles.append(partial)
+    clash, unsolvable = grid(WIKIPEDIA), grid(WIKIPEDIA)
+    clash[2], unsolvable[2] = 5, 1
+    puzzles += [clash, unsolvable]
+    for limit in (1, 2, 3):
+        queries = [solver.Query(p, limit, (int(np.flatnonzero(np.asarray(p) == 0)[0]), 1 + k % 9) if k % 3 == 1 else None)
+                   for k, p in enumerate(puzzles)]
+        expected = [solver.search(q.cells, q.limit, q.exclude) for q in queries]
+        assert solver.search_many(queries, lanes=7) == expected  # fewer lanes than queries: lanes are reused
+        assert {r.count for r in expected} >= {0, 1, limit}  # none, unique, and as many as asked for
+
+
+def test_jobs_ask_for_searches_and_sub_jobs_and_get_their_answers():
+    def count(cells, limit):
+        return (yield solver.Query(cells, limit)).count
+
+    def job(k):
+        first = yield solver.Query(grid(ESCARGOT))
+        many = yield [solver.Query(grid(WIKIPEDIA), 2), count([0] * 81, 1 + k)]
+        empty = yield []
+        return first.guesses, many[0].count, many[1], empty
+
+    assert solver.run_jobs([job(0), job(2)], lanes=2) == [(solver.rate(grid(ESCARGOT)), 1, 1, []),
+                                                          (solver.rate(grid(ESCARGOT)), 1, 3, [])]
+
+
+def test_singles_left_counts_the_blanks_singles_cannot_fill():
+    assert solver.singles_left(grid(WIKIPEDIA)) == 0
+    escargot = grid(ESCARGOT)
+    assert 0 < solver.singles_left(escargot) <= escargot.count(0)
+    clash = grid(WIKIPEDIA)
+    clash[2] = 5
+    assert solver.singles_left(clash) == -1
+
+
+def test_rate_many_is_rate_of_each():
+    puzzles = np.array([grid(WIKIPEDIA), grid(ESCARGOT)])
+    assert solver.rate_many(puzzles).tolist() == [solver.rate(p) for p in puzzles]
+    clash = puzzles.copy()
+    clash[1, 2] = clash[1, 0]
+    with pytest.raises(ValueError, match="row 1"):
+        solver.rate_many(clash)

@@ -9,9 +9,12 @@ On-disk layout (shared by every builder; ``sapientinc/HRM`` dataset/common.py an
     <data_path>/<split>/<set>__puzzle_identifiers.npy   int32 [N_puzzles]
     <data_path>/<split>/<set>__puzzle_indices.npy       int32 [N_puzzles + 1], example offsets
     <data_path>/<split>/<set>__group_indices.npy        int32 [N_groups + 1], puzzle offsets
+    <data_path>/<split>/<set>__ratings.npy              optional, int [N_puzzles], each puzzle's difficulty rating
 
 A group is one original puzzle and its augmentations; a puzzle is one identifier with one
-or more examples (input/label sequence pairs).
+or more examples (input/label sequence pairs). The ratings file is ours (the reference loaders never
+open it): a builder that rates its puzzles (utils/data/sudoku.py) writes it, and evaluations then report
+exact accuracy per rating band as well as overall (utils/eval/puzzle.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,29 @@ from utils.errors import UserError
 
 IGNORE_LABEL_ID = -100  # what ignored label positions become in batches (torch cross-entropy's default)
 ARRAY_FIELDS = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
+RATINGS_FIELD = "ratings"         # the optional <set>__ratings.npy
+RATING_BAND_KEY = "rating_band"   # in test batches of a rated dataset: each row's rating band
+NO_BAND = np.iinfo(np.int64).min  # the band of a padding row, or of a puzzle without a rating
+
+
+def rating_bands(ratings) -> np.ndarray:
+    """The band of each rating, named by its lowest rating: 0 and 1 are bands of their own, then powers of two
+    (2-3, 4-7, 8-15, ...), and every negative rating falls in band -1 ("<0"); the bins of
+    utils/data/sudoku.py ``rating_summary``'s histogram.
+
+    Args:
+        ratings: int array of any shape.
+    Returns:
+        int64, the same shape: 0, 1, 2, 4, 8, ... or -1.
+    """
+    ratings = np.asarray(ratings, np.int64)
+    _, exponent = np.frexp(np.maximum(ratings, 1).astype(np.float64))  # r = m * 2**e with 0.5 <= m < 1: exact
+    return np.where(ratings < 0, -1, np.where(ratings < 2, ratings, np.left_shift(np.int64(1), exponent - 1)))
+
+
+def band_name(band: int) -> str:
+    """A band of :func:`rating_bands` as its histogram bin is named: "0", "1", "2-3", "4-7", ..., "<0"."""
+    return "<0" if band < 0 else str(band) if band < 2 else f"{band}-{2 * band - 1}"
 
 
 class DatasetError(UserError):
@@ -136,6 +162,24 @@ def _check_offsets(where: str, offsets: np.ndarray, total: int, what: str) -> No
         raise DatasetError(f"{where}: must rise strictly from 0 to {total} (the number of {what}); the dataset is corrupt, rebuild it")
 
 
+def _load_ratings(path: Path, num_puzzles: int) -> np.ndarray | None:
+    """The optional ratings file: int64 [num_puzzles], or None when there is none.
+
+    Raises:
+        DatasetError: it is unreadable, not integers, or not one rating per puzzle.
+    """
+    if not path.is_file():
+        return None
+    try:
+        ratings = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise DatasetError(f"{path} is not a readable .npy file ({e}); rebuild the dataset or delete it") from None
+    if not np.issubdtype(ratings.dtype, np.integer) or ratings.shape != (num_puzzles,):
+        raise DatasetError(f"{path} holds {ratings.dtype} {list(ratings.shape)}, expected one integer rating per puzzle "
+                           f"[{num_puzzles}]; rebuild the dataset or delete the file")
+    return ratings.astype(np.int64)
+
+
 def load_arrays(data_path: str | os.PathLike, split: str, metadata: PuzzleDatasetMetadata) -> dict[str, dict[str, np.ndarray]]:
     """Load and check every ``<set>__<field>.npy`` of a split.
 
@@ -143,7 +187,8 @@ def load_arrays(data_path: str | os.PathLike, split: str, metadata: PuzzleDatase
     Token ranges are checked with min/max, one pass over the mapped files.
 
     Returns:
-        {set_name: {field: array}} with the fields of ARRAY_FIELDS.
+        {set_name: {field: array}} with the fields of ARRAY_FIELDS, and ``ratings`` (int64 [N_puzzles]) where the
+        set has a ratings file.
     Raises:
         DatasetError: a file is missing or unreadable, shapes or dtypes disagree with the
             metadata, offsets are not increasing, or a token/identifier is out of range.
@@ -191,6 +236,9 @@ def load_arrays(data_path: str | os.PathLike, split: str, metadata: PuzzleDatase
         if num_puzzles and (ids.min() < 0 or ids.max() >= metadata.num_puzzle_identifiers):
             raise DatasetError(f"{where}puzzle_identifiers.npy holds ids in [{ids.min()}, {ids.max()}], "
                                f"outside [0, num_puzzle_identifiers={metadata.num_puzzle_identifiers})")
+        ratings = _load_ratings(split_dir / f"{set_name}__{RATINGS_FIELD}.npy", num_puzzles)
+        if ratings is not None:
+            arrays[RATINGS_FIELD] = ratings
         data[set_name] = arrays
     if groups != metadata.total_groups:
         raise DatasetError(f"{split_dir}: the group_indices files hold {groups} groups but dataset.json says "
@@ -254,6 +302,8 @@ class PuzzleDataset:
     tensors ``inputs`` int32 [B, seq_len], ``labels`` int32 [B, seq_len] (ignored positions and
     padding = IGNORE_LABEL_ID) and ``puzzle_identifiers`` int32 [B]. The effective size counts
     the real (unpadded) rows of the global batch: always ``global_batch_size`` in train mode.
+    In test mode a dataset with ratings files (``rating_bands`` not empty) adds ``rating_band``
+    (RATING_BAND_KEY) int64 [B]: each row's :func:`rating_bands`, NO_BAND for padding and unrated puzzles.
 
     ``state_dict()`` records the next batch (iteration, batch index); it is exact when batches
     are consumed in this process (not through DataLoader workers, which would run ahead).
@@ -284,6 +334,12 @@ class PuzzleDataset:
         self.test_set_mode = split != "train" if test_set_mode is None else test_set_mode
         self.metadata, self._data, self.identifier_offsets = load_datasets(paths, split)
         self.num_examples = sum(len(d["inputs"]) for d in self._data.values())
+        # Each puzzle's rating band, for test batches (per-band accuracy, utils/eval/puzzle.py); none unless rated.
+        rated = {name: rating_bands(d[RATINGS_FIELD]) for name, d in self._data.items()
+                 if RATINGS_FIELD in d and self.test_set_mode}
+        self._bands = {name: rated.get(name, np.full(len(d["puzzle_identifiers"]), NO_BAND))
+                       for name, d in self._data.items()} if rated else {}
+        self.rating_bands: list[int] = sorted(set(np.concatenate(list(rated.values())).tolist())) if rated else []
         self._iteration, self._batch = 0, 0
         self._plan_cache: tuple[int, tuple] | None = None
         if len(self) == 0:
@@ -342,7 +398,8 @@ class PuzzleDataset:
             rows = np.concatenate([s + rng.permutation(n) for s, n in zip(starts, sizes)])
         return rows[:self.global_batch_size], np.repeat(puzzles, sizes)[:self.global_batch_size]
 
-    def _collate(self, d: dict, rows: np.ndarray, puzzles: np.ndarray) -> dict[str, torch.Tensor]:
+    def _collate(self, d: dict, rows: np.ndarray, puzzles: np.ndarray, bands: np.ndarray | None = None
+                 ) -> dict[str, torch.Tensor]:
         pad = self.local_batch_size - len(rows)
         inputs = d["inputs"][rows].astype(np.int32)
         labels = d["labels"][rows].astype(np.int32)
@@ -354,6 +411,8 @@ class PuzzleDataset:
             "labels": np.pad(labels, ((0, pad), (0, 0)), constant_values=IGNORE_LABEL_ID),
             "puzzle_identifiers": np.pad(ids, (0, pad), constant_values=self.metadata.blank_identifier_id),
         }
+        if bands is not None:
+            batch[RATING_BAND_KEY] = np.pad(bands[puzzles], (0, pad), constant_values=NO_BAND)
         return {k: torch.from_numpy(v) for k, v in batch.items()}
 
     def _batch_at(self, iteration: int, index: int) -> tuple[str, dict[str, torch.Tensor], int]:
@@ -364,7 +423,7 @@ class PuzzleDataset:
         if self.test_set_mode:
             rows = np.arange(start, stop)[local]
             puzzles = np.searchsorted(d["puzzle_indices"], rows, side="right") - 1
-            return set_name, self._collate(d, rows, puzzles), stop - start
+            return set_name, self._collate(d, rows, puzzles, self._bands.get(set_name)), stop - start
         rows, puzzles = self._train_rows(d["puzzle_indices"], iteration, index, sequences[set_name][start:stop])
         return set_name, self._collate(d, rows[local], puzzles[local]), self.global_batch_size
 

@@ -3,7 +3,9 @@
 Every test batch runs for exactly ``halt_max_steps`` ACT segments, as in the reference
 (``sapientinc/HRM`` pretrain.py ``evaluate``), or as a test-time compute policy says (utils/eval/reasoning.py);
 metrics are summed over real (non-padding) examples
-on every rank, reduced onto rank 0 and divided by their count. Consumers (the ARC evaluator, the
+on every rank, reduced onto rank 0 and divided by their count. On a dataset whose test puzzles are rated
+(utils/data/puzzle_dataset.py's ratings file: Sudoku, generated or from Sudoku-Extreme's CSVs) exact accuracy is
+also counted per rating band, so easy and hard puzzles can be told apart. Consumers (the ARC evaluator, the
 saved-outputs collector, the pictures) see every finished batch through the reference's seam,
 ``update_batch(batch, preds)``, so the loop knows nothing about what they do.
 """
@@ -17,10 +19,53 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from models.losses import puzzle_metrics
-from utils.data.puzzle_dataset import PuzzleDataset
+from utils.data.puzzle_dataset import NO_BAND, RATING_BAND_KEY, PuzzleDataset, band_name
 from utils.distributed import Dist
 from utils.eval.reasoning import TestTimeCompute, reason
 from utils.eval.stats import with_interval
+
+
+BAND_METRIC = "exact_accuracy"  # the metric counted per rating band
+
+
+def band_keys(band: int) -> tuple[str, str]:
+    """The metric names of a rating band (:func:`utils.data.puzzle_dataset.rating_bands`):
+    ``(exact_accuracy/rating_<name>, count/rating_<name>)``, e.g. ``exact_accuracy/rating_16-31``."""
+    return f"{BAND_METRIC}/rating_{band_name(band)}", f"count/rating_{band_name(band)}"
+
+
+def parse_band_key(key: str) -> tuple[str, str] | None:
+    """For a per-band accuracy name: ``(exact_accuracy[rating <name>], the name of its count)``, as reports print
+    it; None for any other name."""
+    metric, sep, band = key.partition("/rating_")
+    if not sep or metric != BAND_METRIC:
+        return None
+    return f"{metric}[rating {band}]", f"count/rating_{band}"
+
+
+def _add_band_sums(sums: dict, bands: torch.Tensor, answer: dict, batch: dict, loss_fn: Callable) -> None:
+    """Add each band's example count and exact answers in this batch to ``sums`` (rows of ``bands`` [B] = NO_BAND
+    count in none); the counts are :func:`puzzle_metrics`' own, restricted to the band's rows."""
+    for band in torch.unique(bands).tolist():
+        if band == NO_BAND:
+            continue
+        metrics, _, _ = puzzle_metrics(answer["logits"], answer["q_halt_logits"], batch, answer["segments"],
+                                       bands == band, loss_fn)
+        accuracy, count = band_keys(band)
+        sums[accuracy] = sums[accuracy] + metrics[BAND_METRIC].to(torch.float64)
+        sums[count] = sums[count] + metrics["count"].to(torch.float64)
+
+
+def _band_results(reduced: dict[str, float], bands: Sequence[int]) -> dict[str, float]:
+    """Pop each band's sums from ``reduced``; return, for the bands with examples, the accuracy with its 95%
+    interval and the count."""
+    out: dict[str, float] = {}
+    for band in bands:
+        accuracy, count = band_keys(band)
+        right, n = reduced.pop(accuracy), reduced.pop(count)
+        if n:
+            out = with_interval(out | {accuracy: right / n}, accuracy, n) | {count: n}
+    return out
 
 
 def reduce_metrics(sums: dict[str, torch.Tensor], rank: Dist) -> Optional[dict[str, float]]:
@@ -58,17 +103,26 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
         ``steps`` (mean segments used) and the losses, each divided by the number of real examples, and
         ``count``, that number; after ``exact_accuracy``, its 95% Wilson interval over ``count`` examples
         (``exact_accuracy_ci95_low`` / ``_high``, :func:`utils.eval.stats.wilson_interval`; it takes the
-        examples as independent, which augmented copies of one puzzle are not). An empty dict on ranks other than 0.
+        examples as independent, which augmented copies of one puzzle are not). When the test puzzles are rated
+        (``loader.rating_bands``), then for each band with examples, easiest first: ``exact_accuracy/rating_<band>``
+        (e.g. ``exact_accuracy/rating_16-31``, :func:`band_keys`), its interval, and ``count/rating_<band>``.
+        An empty dict on ranks other than 0.
     """
     head.eval()
-    sums: dict[str, torch.Tensor] = {}
+    bands = getattr(loader, "rating_bands", [])
+    # Every band of the split, on every rank, so that the ranks reduce the same keys.
+    sums: dict[str, torch.Tensor] = {key: torch.zeros((), dtype=torch.float64, device=device)
+                                     for band in bands for key in band_keys(band)}
     seen = 0
     bar = tqdm(desc="eval", unit="ex", disable=not (progress and rank.is_main), leave=False)
     for _set_name, batch, effective in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
+        row_bands = batch.pop(RATING_BAND_KEY, None)
         answer = reason(forward, head, batch, ttc)
         metrics, _, _ = puzzle_metrics(answer["logits"], answer["q_halt_logits"], batch, answer["segments"],
                                        torch.ones_like(answer["segments"], dtype=torch.bool), head.loss_fn)
+        if row_bands is not None:
+            _add_band_sums(sums, row_bands, answer, batch, head.loss_fn)
         if consumers:
             preds = {k: v.cpu() for k, v in answer.items() if k != "logits"}
             cpu_batch = {k: v.cpu() for k, v in batch.items()}
@@ -85,7 +139,8 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
     reduced = reduce_metrics(sums, rank)
     if reduced is None:
         return {}
+    by_band = _band_results(reduced, bands)
     count = max(reduced.pop("count", 0.0), 1.0)
     out = {k: v / count for k, v in reduced.items()}
     out["count"] = count
-    return with_interval(out, "exact_accuracy", count) if "exact_accuracy" in out else out
+    return (with_interval(out, "exact_accuracy", count) if "exact_accuracy" in out else out) | by_band
