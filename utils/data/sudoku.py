@@ -8,7 +8,11 @@ Three sources:
   * ``--generate``: offline generation of unique-solution puzzles: a random full grid, then
     clues removed in random order while the solution stays unique (a minimal puzzle), kept when its
     blanks and its rating (utils/data/sudoku_rating.py: the solver's guesses, 0 = naked and hidden
-    singles solve it) are within the bounds asked for.
+    singles solve it) are within the bounds asked for; with ``--expert``, minimal puzzles found by a local
+    search over clue moves (utils/data/sudoku_expert.py), rated at least ``--min-rating`` (default 20).
+
+Each test split also gets ``all__ratings.npy``, one rating per puzzle (utils/data/puzzle_dataset.py), from which
+evaluations report exact accuracy per rating band.
 
 Tokens follow the reference builder (``sapientinc/HRM`` dataset/build_sudoku_dataset.py):
 pad 0, blank 1, digit d -> d + 1 (vocab 11), seq_len 81, every cell supervised, one puzzle
@@ -36,10 +40,11 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data import common
+from utils.data import sudoku_expert
 from utils.data import sudoku_rating
 from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
                                csv_source, staged_dataset, write_one_example_split)
-from utils.data.puzzle_dataset import DatasetError
+from utils.data.puzzle_dataset import RATINGS_FIELD, DatasetError, band_name, rating_bands
 from utils.cli import ArgumentParser
 
 HUB_REPO = "sapientinc/sudoku-extreme"  # the reference builder's source_repo
@@ -350,18 +355,17 @@ def rating_summary(ratings: np.ndarray, scale: str) -> dict:
     """
     ratings = np.asarray(ratings, np.int64)
     histogram = {}
-    for r in np.sort(ratings).tolist():
-        lo = 1 << (r.bit_length() - 1) if r > 0 else r
-        name = "<0" if r < 0 else str(r) if r < 2 else f"{lo}-{2 * lo - 1}"
-        histogram[name] = histogram.get(name, 0) + 1
+    for band in rating_bands(np.sort(ratings)).tolist():  # the bands evaluations report accuracy by
+        histogram[band_name(band)] = histogram.get(band_name(band), 0) + 1
     return {"scale": scale, "min": int(ratings.min()), "median": float(np.median(ratings)), "max": int(ratings.max()),
             "histogram": histogram}
 
 
 def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | None, max_rating: int | None,
-                  min_difficulty: int | None, minimal: bool, generate: bool) -> int | None:
+                  min_difficulty: int | None, minimal: bool, generate: bool, expert: bool = False) -> int | None:
     """``min_rating`` after folding in its deprecated name ``min_difficulty``; raises DatasetError for blank or
-    rating bounds out of range or out of order, and for ``minimal`` without ``generate``."""
+    rating bounds out of range or out of order, for ``minimal`` or ``expert`` without ``generate``, and for bounds
+    that ``expert`` does not take."""
     if not 0 <= min_blanks <= MAX_BLANKS:
         raise DatasetError(f"--min-blanks must be in [0, {MAX_BLANKS}] (a unique Sudoku needs 17 clues), got {min_blanks}")
     if max_blanks is not None and not min_blanks <= max_blanks <= MAX_BLANKS:
@@ -379,23 +383,31 @@ def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | Non
         raise DatasetError(f"--max-rating must be >= --min-rating={min_rating or 0}, got {max_rating}")
     if minimal and not generate:
         raise DatasetError("--minimal shapes generated puzzles: use it with --generate, not with CSVs")
+    if expert and not generate:
+        raise DatasetError("--expert generates puzzles: use it with --generate, not with CSVs")
+    if expert and (max_blanks is not None or max_rating is not None):
+        raise DatasetError("--expert makes minimal puzzles rated >= --min-rating: drop --max-blanks and --max-rating")
     return min_rating
 
 
 def _source_puzzles(source_dir, generate: bool, train_size: int, test_size: int, min_blanks: int,
                     max_blanks: int | None, minimal: bool, min_rating: int | None, max_rating: int | None, seed: int,
-                    workers: int) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
-                                           tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+                    workers: int, expert: bool = False) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
+                                                                 tuple[np.ndarray, np.ndarray, np.ndarray], str]:
     """Training and test puzzles, generated or read from ``source_dir``'s CSVs: ``(train, test, scale)``, each
     split ``(questions, answers, ratings)`` (uint8 [N, 81], uint8 [N, 81], int64 [N]), and the name of the rating
     scale for ``dataset.json``."""
     if generate:
-        bounds = dict(minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
+        if expert:  # whole solution grids go to one split: no test puzzle is equivalent to a training puzzle
+            floor = sudoku_expert.MIN_RATING if min_rating is None else min_rating
+            make = partial(sudoku_expert.generate_expert, seed=seed, min_rating=floor, workers=workers)
+        else:
+            make = partial(generate_distinct, seed=seed, min_blanks=min_blanks, max_blanks=max_blanks,
+                               workers=workers, minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
         train_q, train_a, test_q, test_a = common.generate_train_test(
-            lambda count, stream, exclude, desc: generate_distinct(count, seed, stream, min_blanks, max_blanks, workers,
-                                                                   exclude, desc, **bounds),
-            train_size, test_size, workers, "puzzles")
-        train_r, test_r = (np.array([sudoku_rating.rate(q) for q in qs], np.int64) for qs in (train_q, test_q))
+            lambda count, stream, exclude, desc: make(count, stream=stream, exclude=exclude, desc=desc),
+            train_size, test_size, workers, "expert puzzles" if expert else "puzzles")
+        train_r, test_r = sudoku_rating.rate_many(train_q), sudoku_rating.rate_many(test_q)
         return (train_q, train_a, train_r), (test_q, test_a, test_r), "solver guesses (utils/data/sudoku_rating.rate)"
     source_dir = Path(source_dir)
     return (read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating),
@@ -415,7 +427,7 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                   minimal: bool = False, min_rating: int | None = None, max_rating: int | None = None,
                   min_difficulty: int | None = None, subsample_size: int | None = None, num_aug: int = 0, seed: int = 0,
                   workers: int = 1, overwrite: bool = False, repo: str | None = None,
-                  revision: str | None = None) -> Path:
+                  revision: str | None = None, expert: bool = False) -> Path:
     """Build a Sudoku dataset at ``output_dir`` from Sudoku-Extreme CSVs (the Hugging Face Hub's, or a local copy) or
     by generation.
 
@@ -437,6 +449,8 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
             blanks (``max_blanks`` None: as many as uniqueness allows, 53-60).
         minimal: ``generate`` only: remove every clue that uniqueness allows (the default without
             ``max_blanks``); ``min_blanks``/``max_blanks`` then only select among minimal puzzles.
+        expert: ``generate`` only: expert puzzles (utils/data/sudoku_expert.py), minimal and rated at least
+            ``min_rating`` (default 20, ratings then have a median near 60); about a second of CPU each.
         min_rating, max_rating: keep puzzles rated in this range (None: unbounded): generated ones by
             rejection, CSV rows by their ``rating`` column.
         min_difficulty: deprecated name of ``min_rating``.
@@ -454,14 +468,15 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     check_source_and_sizes(source_dir, generate, f"Sudoku-Extreme train.csv/test.csv of {repo or HUB_REPO}",
                            {"train_size": (train_size, 1), "test_size": (test_size, 1), "num_aug": (num_aug, 0),
                             "seed": (seed, 0), "workers": (workers, 1)}, subsample_size, repo, revision)
-    min_rating = _check_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate)
+    min_rating = _check_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate,
+                               expert)
     check_output_dir(output_dir, overwrite)
     source = csv_source(source_dir, generate, repo or HUB_REPO, revision)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     (train_q, train_a, train_r), (test_q, test_a, test_r), scale = _source_puzzles(
         source.directory, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
-        seed, workers)
+        seed, workers, expert)
     # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
     keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
                                         subsample_rng, "puzzles")
@@ -471,6 +486,7 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     with staged_dataset(output_dir) as staging:
         _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
         _write_split(staging / "test", test_q, test_a, 0, augment_rng)
+        np.save(staging / "test" / f"all__{RATINGS_FIELD}.npy", test_r)  # accuracy by rating band
         for split, summary in summaries.items():
             add_to_metadata(staging / split, "ratings", summary)
             if source.record is not None:
@@ -498,7 +514,9 @@ def main(argv: list[str] | None = None) -> Path:
                "--output-dir data/sudoku-extreme-1k-aug-1000 --subsample-size 1000 --num-aug 1000\n"
                "  python scripts/build_sudoku_dataset.py --generate --output-dir data/sudoku-gen-1k-aug-1000 --num-aug 1000\n"
                "  python scripts/build_sudoku_dataset.py --generate --minimal --min-rating 1 --output-dir data/sudoku-gen-hard-1k "
-               "--workers 2",
+               "--workers 2\n"
+               "  python scripts/build_sudoku_dataset.py --generate --expert --train-size 3000 --test-size 256 "
+               "--output-dir data/sudoku-expert-3k --workers 2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_source_arguments(parser, "Sudoku-Extreme train.csv and test.csv (columns source,question,answer,rating; "
@@ -511,7 +529,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0, help="seed for generation, subsampling and augmentation (default 0)")
     parser.add_argument("--min-rating", type=int,
                         help="keep puzzles rated >= this: generated ones by the solver's guess count (0 = naked and "
-                             "hidden singles solve it; 1 keeps puzzles that need search), CSV rows by their rating column")
+                             "hidden singles solve it; 1 keeps puzzles that need search; with --expert the floor, "
+                             "default 20), CSV rows by their rating column")
     parser.add_argument("--max-rating", type=int, help="keep puzzles rated <= this (same scales as --min-rating)")
     parser.add_argument("--min-difficulty", type=int, help="deprecated: the old name of --min-rating")
     parser.add_argument("--train-size", type=int, default=1000, help="--generate only: training puzzles (default 1000)")
@@ -526,6 +545,10 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--minimal", action="store_true",
                         help="--generate only: minimal puzzles, no clue removable with the solution staying unique "
                              "(the default without --max-blanks)")
+    parser.add_argument("--expert", action="store_true",
+                        help="--generate only: expert puzzles, minimal ones found by a local search over clue moves "
+                             "(utils/data/sudoku_expert.py), rated >= --min-rating (default 20) with a median near 60; "
+                             "about a second of CPU each")
     parser.add_argument("--workers", type=int, default=1, help="--generate only: worker processes (default 1)")
     args = parser.parse_args(argv)
     return build_dataset(
@@ -533,5 +556,5 @@ def main(argv: list[str] | None = None) -> Path:
         test_size=args.test_size, min_blanks=args.min_blanks, max_blanks=args.max_blanks, minimal=args.minimal,
         min_rating=args.min_rating, max_rating=args.max_rating, min_difficulty=args.min_difficulty,
         subsample_size=args.subsample_size, num_aug=args.num_aug, seed=args.seed, workers=args.workers,
-        overwrite=args.overwrite, repo=args.repo, revision=args.revision,
+        overwrite=args.overwrite, repo=args.repo, revision=args.revision, expert=args.expert,
     )

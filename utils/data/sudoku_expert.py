@@ -1,0 +1,202 @@
+"""Expert Sudoku puzzles: a local search over clue moves that keeps the puzzles whose search trees are large.
+
+Random minimal puzzles (utils/data/sudoku.py ``generate_puzzle``) are mostly easy: half of them rate <= 1 on
+:func:`utils.data.sudoku_rating.rate`'s scale and about 1 in 700 rates 50 or more. Hard puzzles cluster, though:
+a puzzle a clue move away from a hard one is often hard too, which is how the community's hardest lists were grown
+and how tdoku's generator works (``t-dillon/tdoku`` src/generate.cc: drop clues, re-complete, minimize, keep the
+hardest in a pool). Here each *chain* keeps one solution grid and climbs:
+
+1. draw a random full grid and a random minimal puzzle of it;
+2. take the chain's hardest puzzle so far, drop one clue, add clues of the grid until the solution is unique again
+   (each added clue rules out a second solution that the search found), and remove clues in random order while
+   the solution stays unique (a minimal puzzle again); ``ExpertSearch.moves`` such neighbours at a time;
+3. score a neighbour by its *search tree*: the guesses :func:`~utils.data.sudoku_rating.search` makes to prove the
+   solution unique (limit 2), ties broken by the blanks that naked and hidden singles leave. The tree does not
+   depend on how the digits are labelled (the search visits every branch), so the chain never selects a lucky
+   labelling; the rating (:func:`~utils.data.sudoku_rating.rate`, the guesses before the first solution, about
+   half the tree on average) is measured only on the candidates;
+4. a neighbour whose tree has at least ``max(tree_target, 2 * min_rating)`` guesses and whose rating is at least
+   ``min_rating`` is kept; the chain stops after ``per_grid`` kept puzzles, or after ``patience`` neighbours
+   without one (:class:`ExpertSearch`).
+
+All searches of a worker's chains run side by side through :func:`~utils.data.sudoku_rating.run_jobs`, which is
+what makes this bearable in pure Python. Chain k of a stream draws only from the RNG seeded
+``[seed, stream, k, 44]``, so the puzzles do not depend on the number of worker processes. The puzzles of one
+chain share its solution grid, and :func:`generate_expert` keeps or skips a chain's puzzles together by that grid's
+symmetry-invariant fingerprint (:func:`utils.data.sudoku.grid_fingerprints`): training and test sets generated with
+the fingerprints of one passed to the other never hold puzzles of the same or of equivalent grids, so no test
+puzzle is equivalent to a training puzzle (equivalent puzzles have equivalent solutions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+from dataclasses import dataclass
+from functools import partial
+from typing import Generator
+
+import numpy as np
+from tqdm import tqdm
+
+from utils.data import sudoku as builder
+from utils.data import sudoku_rating
+from utils.data.common import _plain_signals
+from utils.data.puzzle_dataset import DatasetError
+from utils.data.sudoku_rating import Query, SearchResult
+
+MIN_RATING = 20   # the default floor on utils/data/sudoku_rating.rate
+_STREAM_TAG = 44  # keeps these RNG streams apart from generate_puzzle's [seed, stream, index]
+
+
+@dataclass(frozen=True)
+class ExpertSearch:
+    """How the chains search (see the module docstring); the defaults give ratings with a median near 60.
+
+    Attributes:
+        tree_target: search-tree guesses (of the uniqueness search) that make a neighbour a candidate; raised to
+            twice ``min_rating`` when that is more, since a rating is about half the tree on average.
+        per_grid: puzzles kept per chain, i.e. per solution grid.
+        moves: neighbours a chain tries side by side before it takes its hardest puzzle again.
+        patience: neighbours a chain tries without keeping a puzzle before it gives up.
+        chains_per_task: chains a worker process runs side by side (the unit of work handed to a worker).
+        lanes: searches a worker process runs side by side.
+        give_up: chains in a row without a puzzle after which generation stops with an error.
+    """
+
+    tree_target: int = 60
+    per_grid: int = 8
+    moves: int = 8
+    patience: int = 160
+    chains_per_task: int = 32
+    lanes: int = 256
+    give_up: int = 512
+
+
+# A chain's steps: each yields a search or a list of searches and sub-steps, and is sent their results.
+Job = Generator[Query | list, SearchResult | list, object]
+
+
+def _minimize(puzzle: np.ndarray, rng: np.random.Generator) -> Job:
+    """Remove clues in random order while the solution stays unique; returns the minimal puzzle (uint8 [81]).
+    One search at a time: the other neighbours and chains keep the lanes busy meanwhile."""
+    for i in rng.permutation(81).tolist():
+        digit = int(puzzle[i])
+        if digit:
+            puzzle[i] = 0
+            if (yield Query(puzzle.copy(), 1, (i, digit))).count:  # another digit fits there: the clue is needed
+                puzzle[i] = digit
+    return puzzle
+
+
+def _constrain(puzzle: np.ndarray, solution: np.ndarray, rng: np.random.Generator) -> Job:
+    """Add clues of ``solution`` (a solution of ``puzzle``) until it is the only one; returns the puzzle."""
+    while True:
+        found = yield Query(puzzle.copy(), 2)
+        if found.count == 1:
+            return puzzle
+        other = np.array(found.last if found.solution == solution.tolist() else found.solution, np.uint8)
+        differ = np.flatnonzero(other != solution)
+        cell = differ[rng.integers(len(differ))]
+        puzzle[cell] = solution[cell]
+
+
+def _score(puzzle: np.ndarray) -> Job:
+    """How a chain ranks a puzzle: (its search tree, the blanks singles leave). Among small trees, which are
+    often equal, the second tells the puzzles on which singles stall, and those grow large trees sooner."""
+    tree = (yield Query(puzzle.copy(), 2)).guesses
+    return tree, sudoku_rating.singles_left(puzzle)
+
+
+def _neighbour(parent: np.ndarray, solution: np.ndarray, seed: int) -> Job:
+    """``parent`` with one clue dropped, made unique again and minimized; returns it and its :func:`_score`."""
+    rng = np.random.default_rng(seed)
+    child = parent.copy()
+    child[rng.choice(np.flatnonzero(child))] = 0
+    child = yield from _minimize((yield from _constrain(child, solution, rng)), rng)
+    return child, (yield from _score(child))
+
+
+def _chain(index: int, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> Job:
+    """One chain (see the module docstring). Returns (solution uint8 [81], [(puzzle uint8 [81], rating), ...])."""
+    rng = np.random.default_rng([seed, stream, index, _STREAM_TAG])
+    solution = np.array(sudoku_rating.search([0] * 81, rng=rng).solution, np.uint8)
+    start = yield from _minimize(solution.copy(), rng)
+    best = ((yield from _score(start)), start)
+    seen = {start.tobytes()}
+    target, kept, idle = max(search.tree_target, 2 * min_rating), [], 0
+    while len(kept) < search.per_grid and idle < search.patience:
+        seeds = rng.integers(2**63, size=search.moves).tolist()
+        moved = yield [_neighbour(best[1], solution, s) for s in seeds]
+        fresh = [(score, child) for child, score in moved if child.tobytes() not in seen]
+        seen.update(child.tobytes() for _, child in fresh)
+        best = max([best, *fresh], key=lambda entry: entry[0])
+        hard = [child for (tree, _), child in fresh if tree >= target]
+        rated = yield [Query(child.copy(), 1) for child in hard]
+        new = [(child, found.guesses) for child, found in zip(hard, rated) if found.guesses >= min_rating]
+        kept += new
+        idle = 0 if new else idle + search.moves
+    return solution, kept[:search.per_grid]
+
+
+def _run_task(task: int, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> list:
+    """The chains of task ``task`` side by side; their results in chain order."""
+    first = task * search.chains_per_task
+    chains = [_chain(k, seed, stream, min_rating, search) for k in range(first, first + search.chains_per_task)]
+    return sudoku_rating.run_jobs(chains, lanes=search.lanes)
+
+
+def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MIN_RATING, workers: int = 1,
+                    exclude: set[bytes] | None = None, desc: str = "generate expert",
+                    search: ExpertSearch = ExpertSearch()) -> tuple[np.ndarray, np.ndarray, set[bytes]]:
+    """``count`` expert puzzles: unique solutions, rated at least ``min_rating`` (see the module docstring).
+
+    Chains 0, 1, 2, ... of ``stream`` are run in tasks of ``search.chains_per_task`` on ``workers`` processes, and
+    their puzzles are taken in chain order until there are ``count`` (the last chain's cut short), skipping every
+    chain whose solution grid's fingerprint is in ``exclude`` or was taken before; so the result depends on
+    ``seed``, ``stream``, ``min_rating`` and ``search``, not on ``workers``. The signature and return value follow
+    :func:`utils.data.sudoku.generate_distinct`, so :func:`utils.data.common.generate_train_test` can drive it.
+
+    Args:
+        count: puzzles to return, >= 1.
+        min_rating: the floor on :func:`utils.data.sudoku_rating.rate`, >= 0.
+        workers: processes, >= 1.
+        exclude: grid fingerprints whose puzzles are not wanted (e.g. the training set's, for a test set).
+        search: how the chains search.
+    Returns:
+        questions uint8 [count, 81] (0 = blank), answers uint8 [count, 81], and the fingerprints seen
+        (``exclude`` plus the grids taken).
+    Raises:
+        DatasetError: ``search.give_up`` chains in a row kept no puzzle (``min_rating`` out of reach).
+    """
+    seen = set(exclude or ())
+    questions, answers = [], []
+    work = partial(_run_task, seed=seed, stream=stream, min_rating=min_rating, search=search)
+    next_task, barren = 0, 0
+    with (multiprocessing.Pool(workers, _plain_signals) if workers > 1 else contextlib.nullcontext()) as pool, \
+            tqdm(total=count, desc=desc, unit="puzzle") as bar:
+        while len(questions) < count:
+            # Enough tasks for the puzzles still missing if half the chains keep per_grid each; at least one a worker.
+            tasks = max(workers, math.ceil((count - len(questions)) / (search.chains_per_task * search.per_grid / 2)))
+            batch = range(next_task, next_task + tasks)
+            next_task = batch.stop
+            for results in (pool.imap(work, batch) if pool else map(work, batch)):
+                for solution, kept in results:
+                    if len(questions) == count:
+                        break
+                    barren = barren + 1 if not kept else 0
+                    if barren >= search.give_up:
+                        raise DatasetError(f"{search.give_up} chains in a row found no puzzle rated >= {min_rating} "
+                                           "(--min-rating); lower it (expert puzzles rate 20-300)")
+                    key = builder.grid_fingerprints(solution[None])[0]
+                    if not kept or key in seen:
+                        continue
+                    seen.add(key)
+                    taken = kept[:count - len(questions)]
+                    questions += [puzzle for puzzle, _ in taken]
+                    answers += [solution] * len(taken)
+                    bar.update(len(taken))
+                if len(questions) == count:
+                    break
+    return np.stack(questions), np.stack(answers), seen
