@@ -18,6 +18,14 @@ from utils.data.sudoku import build_dataset
 HAS_CUDA = torch.cuda.is_available()
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker's torch takes its share of the cores, not all of them: two workers with two
+    threads each on two cores spend their time switching."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the tests marked ``gpu`` where there is no NVIDIA GPU, saying so."""
     if HAS_CUDA:
