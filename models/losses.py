@@ -78,6 +78,9 @@ class ACTLossHead(nn.Module):
     ``blank_accuracy`` (per-row accuracy on the cells to fill in: supervised positions whose
     input differs from the label, e.g. Sudoku blanks), ``q_halt_accuracy``, ``steps``;
     the losses are sums over all rows (divide by the batch size).
+
+    ``supervision_decay`` (attribute, default 1.0: the references' loss) weighs each row's losses by the segment it
+    is at (:func:`supervision_weights`, CGAR); the trainer sets it from the setting of the same name.
     """
 
     def __init__(self, model: nn.Module, loss_type: str = "stablemax_cross_entropy"):
@@ -86,6 +89,8 @@ class ACTLossHead(nn.Module):
             raise ValueError(f"loss_type={loss_type!r} is unknown: use one of {sorted(LOSSES)}")
         self.model = model
         self.loss_fn = LOSSES[loss_type]
+        # CGAR's hierarchical supervision weighting (see supervision_weights); 1.0 is the references' uniform loss.
+        self.supervision_decay = 1.0
 
     def initial_carry(self, *args, **kwargs):
         return self.model.initial_carry(*args, **kwargs)
@@ -94,8 +99,11 @@ class ACTLossHead(nn.Module):
         """Returns ``(new_carry, loss, metrics, outputs, all_halted)``; ``outputs`` holds detached logits."""
         new_carry, outputs = self.model(carry=carry, batch=batch)
         logits, q_halt = outputs["logits"], outputs["q_halt_logits"]
+        weights = None
+        if self.supervision_decay != 1.0:
+            weights = supervision_weights(new_carry.steps, self.supervision_decay, self.model.config.halt_max_steps)
         metrics, lm_loss, q_halt_loss = puzzle_metrics(logits, q_halt, new_carry.current_data, new_carry.steps,
-                                                       new_carry.halted, self.loss_fn)
+                                                       new_carry.halted, self.loss_fn, weights)
         q_continue_loss = 0
         if "target_q_continue" in outputs:
             q_continue_loss = F.binary_cross_entropy_with_logits(
@@ -107,13 +115,34 @@ class ACTLossHead(nn.Module):
         return new_carry, loss, metrics, detached, new_carry.halted.all()
 
 
+def supervision_weights(steps: torch.Tensor, decay: float, halt_max_steps: int) -> torch.Tensor:
+    """CGAR's hierarchical supervision weighting: a row at its t-th ACT segment weighs ``decay^(t-1) / Z``.
+
+    Qasim and Zhang, arXiv 2511.08653, Sec. 3.5: ``w_t = lambda^(t-1) / Z_lambda`` (lambda = 0.7 there), early
+    segments weigh more because later ones carry smaller gradients. Here ``Z`` makes the weights average 1 over
+    ``t = 1..halt_max_steps``, so the loss keeps the references' scale (AdamATan2's update ignores the scale anyway).
+
+    Args:
+        steps: int [B], the segment each row has just run (1-based, as the carry counts).
+        decay: lambda, in (0, 1].
+        halt_max_steps: the most segments a row runs.
+    Returns:
+        float32 [B] weights.
+    """
+    z = sum(decay ** t for t in range(halt_max_steps)) / halt_max_steps
+    return torch.pow(torch.tensor(decay, dtype=torch.float32, device=steps.device), (steps - 1).float()) / z
+
+
 def puzzle_metrics(logits: torch.Tensor, q_halt_logits: torch.Tensor, data: dict[str, torch.Tensor],
-                   steps: torch.Tensor, halted: torch.Tensor, loss_fn: Callable = stablemax_cross_entropy
-                   ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+                   steps: torch.Tensor, halted: torch.Tensor, loss_fn: Callable = stablemax_cross_entropy,
+                   row_weights: torch.Tensor | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The metric sums of :class:`ACTLossHead` (see its docstring) and the two losses, for answers ``logits``
     [B, S, V] with halting logits ``q_halt_logits`` [B] to ``data`` (``inputs``, ``labels`` [B, S]) after ``steps``
     [B] segments; only rows with ``halted`` [B] and a supervised position count in the metrics.
 
+    Args:
+        row_weights: float [B] that scale each row's two losses (:func:`supervision_weights`); None: all 1. The
+            logged ``lm_loss`` and ``q_halt_loss`` metrics stay unweighted, so runs with and without compare.
     Returns:
         ``(metrics, lm_loss, q_halt_loss)``: 0-dim tensors; the metrics detached, the losses summed over rows.
     """
@@ -135,8 +164,13 @@ def puzzle_metrics(logits: torch.Tensor, q_halt_logits: torch.Tensor, data: dict
             "q_halt_accuracy": (valid & ((q_halt_logits >= 0) == seq_correct)).sum(),
             "steps": torch.where(valid, steps, 0).sum(),
         }
-    lm_loss = (loss_fn(logits, labels, ignore_index=IGNORE_LABEL_ID) / divisor.unsqueeze(-1)).sum()
-    q_halt_loss = F.binary_cross_entropy_with_logits(q_halt_logits, seq_correct.to(q_halt_logits.dtype), reduction="sum")
-    metrics["lm_loss"] = lm_loss.detach()
-    metrics["q_halt_loss"] = q_halt_loss.detach()
-    return metrics, lm_loss, q_halt_loss
+    if row_weights is None:
+        lm_loss = (loss_fn(logits, labels, ignore_index=IGNORE_LABEL_ID) / divisor.unsqueeze(-1)).sum()
+        q_halt_loss = F.binary_cross_entropy_with_logits(q_halt_logits, seq_correct.to(q_halt_logits.dtype),
+                                                         reduction="sum")
+        metrics["lm_loss"], metrics["q_halt_loss"] = lm_loss.detach(), q_halt_loss.detach()
+        return metrics, lm_loss, q_halt_loss
+    lm_rows = (loss_fn(logits, labels, ignore_index=IGNORE_LABEL_ID) / divisor.unsqueeze(-1)).sum(-1)
+    q_rows = F.binary_cross_entropy_with_logits(q_halt_logits, seq_correct.to(q_halt_logits.dtype), reduction="none")
+    metrics["lm_loss"], metrics["q_halt_loss"] = lm_rows.detach().sum(), q_rows.detach().sum()
+    return metrics, (lm_rows * row_weights).sum(), (q_rows * row_weights).sum()

@@ -109,6 +109,13 @@ class PretrainConfig:
     puzzle_emb_lr: float = setting(1e-2, "the peak learning rate of the puzzle embedding (sign-SGD)")
     optimizer_backend: str = setting(
         "auto", "auto | native (the adam-atan2 CUDA kernel) | torch (pure-PyTorch AdamATan2) | adamw (plain AdamW)")
+    depth_curriculum: list[Any] = setting(
+        [], "train shallow first (CGAR, arXiv 2511.08653): [[until, H_cycles, L_cycles], ...], each stage ending at "
+        "that fraction of the steps, the architecture's depth after the last, e.g. [[0.3,1,2],[0.6,2,4]]; [] (the "
+        "references): full depth throughout")
+    supervision_decay: float = setting(
+        1.0, "weigh a row's loss at its t-th ACT segment by supervision_decay^(t-1), normalised to mean 1 (CGAR's "
+        "hierarchical supervision weighting, 0.7 in the paper); 1.0 (the references): uniform")
     ema: bool = setting(False, "evaluate and save an exponential moving average of the weights (TRM)")
     ema_rate: float = setting(0.999, "the weight the EMA keeps at each step")
     load_checkpoint: Optional[str] = setting(
@@ -157,6 +164,7 @@ FLOAT_RANGES = {
     "beta2": (0, 1, True),  # as beta1, for the second moment
     "lr_min_ratio": (0, 1, False),  # the cosine schedule's floor, a fraction of lr
     "ema_rate": (0, 1, False),  # a convex weight: 0 copies the weights, 1 keeps the first ones
+    "supervision_decay": (0.01, 1, False),  # 1 is uniform; below 0.01 the later segments get no signal at all
     "eval_noise": (0, 100, False),  # in units of the initial state's entries (std 1): 100 drowns it
 }
 # The keys of the saved test outputs (utils/data/saved_outputs.py), the reference's and every segment's answers.

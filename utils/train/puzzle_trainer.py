@@ -59,6 +59,7 @@ from utils.run.schedule import LRSchedule
 from utils.run.session import RunSession, open_session, resume_command, stop_run
 from utils.run.stop import GracefulStop
 from utils.run.train_state import Clock, Optimizers, RNGStates, TrainState, Value
+from utils.train.curriculum import DepthCurriculum, set_depth
 from utils.viz.puzzles import EvalPictures, VisualizationError, detect_task
 
 log = logging.getLogger("pretrain")
@@ -190,6 +191,7 @@ def resolve_setup(launch: Launch, rank: Dist) -> Setup:
     if cfg.global_batch_size % rank.world_size:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
     eval_compute(cfg).check(arch["halt_max_steps"], SETTING_NAMES)
+    DepthCurriculum(cfg.depth_curriculum, (1, 1), 1)  # a bad stage is refused now, not after the data is built
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
     use_compile, compile_reason = compile_decision(device, cfg.compile)
     attention, attention_reason = attention_backend(device, dtype)
@@ -277,12 +279,14 @@ class PuzzleTrainState(TrainState):
     (``dense``) and sign-SGD (``sparse``) optimizers with their lr schedules, the EMA, the sampler position, the
     guard's counters, the metrics window, the wall clock, the evaluations done, and per process the ACT carry and
     the RNG states, and the best evaluation so far. ``forward`` is the (possibly compiled) loss head that ``head``
-    is."""
+    is. ``curriculum`` says the depth of each step; ``step_flops`` maps each depth it uses to the FLOPs of one
+    optimizer step there, summed over the processes."""
 
     def __init__(self, head, forward, dense: list, sparse: list, schedules: dict, ema: Optional[EMAHelper],
                  loader: PuzzleDataset, guard: NonFiniteGuard, clock: Clock, best: Best, cfg: PretrainConfig,
-                 rank: Dist, device: torch.device):
+                 rank: Dist, device: torch.device, curriculum: DepthCurriculum, step_flops: dict):
         self.head, self.forward, self.dense, self.sparse, self.schedules, self.ema = head, forward, dense, sparse, schedules, ema
+        self.curriculum, self.step_flops = curriculum, step_flops
         self.loader, self.guard, self.clock, self.best = loader, guard, clock, best
         self.window, self.slot, self.iterations_done = MetricsWindow(cfg.log_interval), CarrySlot(device), Value(0)
         parts = {"live_model": ModelWeights(head), "optimizers": Optimizers(dense + sparse), "train_loader": loader,
@@ -291,6 +295,10 @@ class PuzzleTrainState(TrainState):
         if ema is not None:
             parts["ema"] = ema
         super().__init__(parts, {"carry": self.slot, "rng": RNGStates()}, rank)
+
+    def train_flops(self, step: int) -> float:
+        """Training FLOPs of the run's first ``step`` optimizer steps, summed over the processes."""
+        return self.curriculum.flops_through(step, self.step_flops.__getitem__)
 
 
 def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weights: Optional[str]) -> PuzzleTrainState:
@@ -321,6 +329,9 @@ def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weig
         sparse.append(SparseEmbeddingSignSGD([head.model.puzzle_emb], lr=0.0, weight_decay=cfg.puzzle_emb_weight_decay))
         schedules[sparse[0]] = dataclasses.replace(base, base_lr=cfg.puzzle_emb_lr)
     ema = EMAHelper(head, cfg.ema_rate) if cfg.ema and not cfg.freeze_weights else None
+    head.supervision_decay = cfg.supervision_decay
+    curriculum = DepthCurriculum(cfg.depth_curriculum, (head.model.config.H_cycles, head.model.config.L_cycles),
+                                 data.total_steps)
     forward = compile_model(head) if setup.compile else head
     guard = NonFiniteGuard(cfg.max_nonfinite_steps, f"a lower lr (lr={cfg.lr} now), a longer lr_warmup_steps or "
                                                      "forward_dtype=float32, or check the dataset for bad labels")
@@ -332,7 +343,18 @@ def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weig
                                                "evaluation and checkpoints use the EMA weights" if ema
                                                else "freeze_weights=true leaves nothing to average")
     return PuzzleTrainState(head, forward, dense, sparse, schedules, ema, data.train, guard, clock,
-                            Best(data.headline), cfg, rank, setup.device)
+                            Best(data.headline), cfg, rank, setup.device, curriculum,
+                            depth_flops(setup, data.train.metadata, curriculum, rank.world_size))
+
+
+def depth_flops(setup: Setup, metadata: PuzzleDatasetMetadata, curriculum: DepthCurriculum,
+                world_size: int) -> dict[tuple[int, int], int]:
+    """FLOPs of one optimizer step (all processes) at each depth the run trains at, traced on the ``meta`` device."""
+    meta, flops = meta_model(setup, metadata), {}
+    for *_, depth in curriculum.segments():
+        set_depth(meta.model, depth)
+        flops[depth] = step_flops(meta, setup.local_batch_size, metadata.seq_len) * world_size
+    return flops
 
 
 def export(state: PuzzleTrainState, setup: Setup, data: "PuzzleData") -> dict[str, Any]:
@@ -380,6 +402,7 @@ def train_step(state: PuzzleTrainState, batch: dict[str, torch.Tensor], cfg: Pre
     """One ACT segment and one optimizer update (the reference's ``train_batch``); returns the step's metric sums."""
     if state.slot.carry is None:
         state.slot.carry = state.head.initial_carry(batch)
+    set_depth(state.head.model, state.curriculum.depth(state.step))
     state.slot.carry, loss, metrics, _, _ = state.forward(state.slot.carry, batch)
     (loss / cfg.global_batch_size).backward()
     state.step += 1
@@ -419,6 +442,7 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
     pictures = EvalPictures(data.task) if rank.is_main and data.task else None
     consumers = [*data.evaluators, *(c for c in (collector, pictures) if c is not None),
                  *faults.first_batch_consumers("eval", state.step)]
+    set_depth(state.head.model, state.curriculum.full)  # evaluations run the architecture's depth
     with state.ema.swapped() if state.ema is not None else contextlib.nullcontext():
         results = evaluate_puzzles(state.forward, state.head, data.test, device, rank, cfg.eval_max_examples,
                                    consumers=consumers, ttc=eval_compute(cfg))
@@ -430,7 +454,8 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
         collector.save(run_path, state.step, rank.rank)
     if rank.is_main:
         elapsed = state.clock.elapsed_s()
-        metrics.log(state.step, {f"eval/{k}": v for k, v in results.items()} | {"eval/elapsed_s": elapsed})
+        metrics.log(state.step, {f"eval/{k}": v for k, v in results.items()}
+                    | {"eval/elapsed_s": elapsed, "eval/train_pflop": state.train_flops(state.step) / 1e15})
         if pictures is not None:
             metrics.log_images(state.step, pictures.images(state.step))
         tqdm.write(f"step {state.step} eval ({elapsed:.0f} s into the run): "
@@ -456,7 +481,7 @@ def log_train_point(state: PuzzleTrainState, cfg: PretrainConfig, rank: Dist, me
              for k, v in reduced.items()}
     lr = next(iter(state.schedules.values())).lr(state.step) if state.schedules else 0.0
     point.update({"train/lr": lr, "train/examples_per_s": examples_per_s, "train/elapsed_s": state.clock.elapsed_s(),
-                  "train/nonfinite_steps": state.guard.total})
+                  "train/nonfinite_steps": state.guard.total, "train/pflop": state.train_flops(state.step) / 1e15})
     metrics.log(state.step, point)
     bar.set_postfix(loss=f"{point.get('train/lm_loss', float('nan')):.3f}",
                     acc=f"{point.get('train/accuracy', float('nan')):.3f}", ex_s=f"{examples_per_s:.0f}")
@@ -572,7 +597,7 @@ def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, sessio
         log.warning("this run will not evaluate: its first evaluation would come after min_eval_interval=%d of its %d "
                     "evaluation intervals (epochs / eval_interval); lower min_eval_interval or add epochs",
                     cfg.min_eval_interval, data.total_iters)
-    seconds = report_length(setup, data, state.step)
+    seconds = report_length(setup, data, state)
     setup.plan.save(run.path / "plan.yaml")
     OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
     return seconds
@@ -584,13 +609,13 @@ def evaluates_after(iteration: int, cfg: PretrainConfig) -> bool:
     return iteration >= cfg.min_eval_interval
 
 
-def report_length(setup: Setup, data: PuzzleData, step: int) -> float:
+def report_length(setup: Setup, data: PuzzleData, state: PuzzleTrainState) -> float:
     """Say how long the rest of the schedule will take on this device from its FLOPs (utils/run/estimate.py; returned,
     in seconds) and, when a CPU would need more than a few hours, name the recipes made for a CPU (the ones
     ``python -m utils.hardware_optimizer`` recommends). The steps are timed once they run (:class:`StepPace`)."""
-    metadata = data.train.metadata
-    estimate = Estimate(step_flops(meta_model(setup, metadata), setup.local_batch_size, metadata.seq_len),
-                        matmul_rate(setup.device, setup.dtype), data.total_steps - step)
+    steps, processes = data.total_steps - state.step, setup.cfg.global_batch_size // setup.local_batch_size
+    per_step = (state.train_flops(data.total_steps) - state.train_flops(state.step)) / max(steps, 1) / processes
+    estimate = Estimate(per_step, matmul_rate(setup.device, setup.dtype), steps)
     log.info("estimated time to the end of the schedule: %s (%d steps of %.3g TFLOP at half the %.3g TFLOP/s "
              "measured for a GEMM on %s; evaluations not counted; told again from the first timed steps)",
              duration(estimate.seconds), estimate.steps, estimate.flops_per_step / 1e12, estimate.matmul_rate / 1e12,
