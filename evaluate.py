@@ -9,7 +9,8 @@
         --submission submission.json --report pass_at_k.json
 
 Accepts our checkpoints and the reference repositories' released ones (utils/eval/load.py), and spends
-as much test-time compute as asked (utils/eval/reasoning.py: segments, early exit, rollouts). On ARC data the published scoring runs too (voting pass@K, utils/eval/arc.py);
+as much test-time compute as asked (utils/eval/reasoning.py: segments, early exit, rollouts, views, and with
+``--checked`` the checked selection, reported beside the model's own). On ARC data the published scoring runs too (voting pass@K, utils/eval/arc.py);
 ``--outputs`` scores the reference's saved outputs files without a model.
 """
 
@@ -35,6 +36,7 @@ from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.eval.stats import interval_keys
 from utils.outputs import announce_replacing, check_writable_dir, check_writable_file
 from utils.run.main import cli_main
+from utils.viz.puzzles import VisualizationError, detect_task
 
 log = logging.getLogger("evaluate")
 
@@ -151,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
                           "test_puzzles.json)")
     collector = OutputsCollector() if args.save_outputs is not None else None
     consumers = [c for c in (arc, collector) if c is not None]
-    ttc = test_time_compute(args, cfg)
+    ttc = test_time_compute(args, cfg, task=puzzle_task(loader) if args.checked else None)
     if not ttc.plain:
         log.info("test-time compute: %s", ttc)
     metrics = evaluate_puzzles(head, head, loader, device, Dist(), args.max_examples, consumers=consumers, ttc=ttc)
@@ -162,8 +164,18 @@ def run(args: argparse.Namespace) -> int:
     if collector is not None:
         where = save_outputs_dir(args)
         log.info("saved outputs: %s", collector.save(where, trained.step, 0, keep_existing=True))
-    print_metrics(f"{path} on {data_path} (test):", metrics, args.json)
+    selection = ("; checked/*: checked selection, an answer that obeys the rules beats the Q head's choice (not the "
+                 "references' protocol); the rest: model-only selection" if args.checked else "")
+    print_metrics(f"{path} on {data_path} (test){selection}:", metrics, args.json)
     return 0
+
+
+def puzzle_task(loader: PuzzleDataset) -> Optional[str]:
+    """sudoku, maze or arc by the test split's shape; None for another dataset."""
+    try:
+        return detect_task(loader.metadata)
+    except VisualizationError:
+        return None
 
 
 def main(argv: Optional[list[str]] = None) -> int:

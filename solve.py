@@ -91,7 +91,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, "--out")
     check_puzzle_flags(args)
-    ttc = test_time_compute(args, keep_segments=True)  # the flags checked before any work
+    ttc = test_time_compute(args, keep_segments=True, task=flag_task(args))  # the flags checked before any work
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, args.forward_dtype)
     out = Path(args.out)
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     puzzles = read_puzzles(task, args.sudoku if task == "sudoku" else args.maze)
     trained = open_model(args.checkpoint, task, len(puzzles[0][1]), len(puzzles), device, dtype)
     print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
-    ttc = test_time_compute(args, trained.cfg, keep_segments=True)
+    ttc = test_time_compute(args, trained.cfg, keep_segments=True, task=task)
     check_budget(trained, ttc, args, device, len(puzzles))
     answers = answer(trained, task, puzzles, ttc, device)
     out.mkdir(parents=True, exist_ok=True)
@@ -116,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
         report(found, out / unused_stem(out, f"{task}_{i + 1}", ANSWER_ENDINGS), ttc.views)  # a file there is kept
     print(f"{sum(a.consistent for a in answers)} of {len(answers)} answer(s) consistent; pictures in {out}")
     return 0
+
+
+def flag_task(args: argparse.Namespace) -> str:
+    """The task the puzzle flag names (sudoku, maze, arc), or for the page, sudoku: --checked then fits its models."""
+    return next((flag for flag in PUZZLE_FLAGS if getattr(args, flag) is not None), "sudoku")
 
 
 def check_puzzle_flags(args: argparse.Namespace) -> None:
@@ -162,7 +167,8 @@ def report(found: Answer, stem: Path, views: int = 1) -> None:
     views agree with it; draw it (``stem``.png, .gif, _strip.png)."""
     print(f"\n{found.name}: {found.verdict}\n{(format_sudoku if found.task == 'sudoku' else format_maze)(found.grid)}")
     agree = f"; {found.votes} of {views} views gave this answer" if found.votes is not None else ""
-    print(f"segments used: {found.segments}; halting confidence sigmoid(q_halt) = {found.halting:.3f}{agree}")
+    picked = "; checked selection (an answer that obeys the rules first)" if found.selection == "checked" else ""
+    print(f"segments used: {found.segments}; halting confidence sigmoid(q_halt) = {found.halting:.3f}{agree}{picked}")
     verdict = "consistent" if found.consistent else "not consistent"
     picture = render_example(found.task, found.puzzle, found.grid, found.grid,
                              title=f"{found.task} · {found.name} · {verdict} · {found.segments} segments")

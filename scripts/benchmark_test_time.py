@@ -8,6 +8,13 @@ same run. Exact accuracy comes with its 95% Wilson interval.
     python scripts/benchmark_test_time.py --checkpoint checkpoints/sudoku-gen-40-1k-aug-100/RUN
     python scripts/benchmark_test_time.py --checkpoint RUN --segments 4,8,16 --rollouts 2,4 --noise 0.5 --json out.json
     python scripts/benchmark_test_time.py --checkpoint RUN --segments 8 --rollouts 8,16 --combined 16x8   # K x S
+
+``--grid`` answers every puzzle once with the largest rollouts x segments and reads the whole grid off those
+passes: the answer after S segments of the first K rollouts, kept by the Q head (model-only selection, the
+references') and by checked selection (an answer that obeys the puzzle's rules first), for every S and K asked:
+
+    python scripts/benchmark_test_time.py --checkpoint RUN --grid --segments 4,8,16,32,64 --rollouts 1,4,16 \
+        --max-examples 64 --picture docs/test_time_scaling.png
 """
 
 from __future__ import annotations
@@ -29,7 +36,11 @@ from utils.device import select_device, select_dtype  # noqa: E402
 from utils.distributed import Dist  # noqa: E402
 from utils.eval.load import load_trained  # noqa: E402
 from utils.eval.puzzle import evaluate_puzzles  # noqa: E402
-from utils.eval.reasoning import TestTimeCompute  # noqa: E402
+from utils.data.puzzle_dataset import RATING_BAND_KEY  # noqa: E402
+from utils.eval.reasoning import TestTimeCompute, rollouts, rules_checker  # noqa: E402
+from utils.eval.stats import wilson_interval  # noqa: E402
+from utils.viz.charts import line_chart  # noqa: E402
+from utils.viz.puzzles import detect_task  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.outputs import check_writable_file  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
@@ -62,6 +73,86 @@ def policies(halt_max_steps: int, segments: list[int], rollouts: list[int], nois
     return [(name, ttc.check()) for name, ttc in rows]
 
 
+class Grid:
+    """Exact answers on a grid of (segments S, rollouts K), model-only and checked, read off one set of passes."""
+
+    def __init__(self, segments: list[int], rollouts: list[int]):
+        self.segments, self.rollouts = sorted(segments), sorted(rollouts)
+        shape = (len(self.segments), len(self.rollouts))
+        self.right = {"model": torch.zeros(shape, dtype=torch.int64), "checked": torch.zeros(shape, dtype=torch.int64)}
+        self.count = 0
+
+    def add(self, runs, labels: torch.Tensor, inputs: torch.Tensor, checker) -> None:
+        """Score one batch: ``runs`` yields its rollouts in order (``segment_preds`` [B, T, S], ``segment_q_halt``
+        [B, T]); ``labels`` [B, L] (-100 unsupervised; rows without a label are padding)."""
+        at = torch.tensor([s - 1 for s in self.segments])
+        valid = (labels != -100).any(-1)
+        self.count += int(valid.sum())
+        best = {}
+        for k, run in enumerate(runs, start=1):
+            preds, q = run["segment_preds"][:, at].cpu(), run["segment_q_halt"][:, at].float().cpu()  # [B, nS, L], [B, nS]
+            right = ((preds == labels[:, None]) | (labels[:, None] == -100)).all(-1) & valid[:, None]
+            passes = torch.stack([checker(inputs, preds[:, i]) for i in range(len(self.segments))], 1)
+            for name, key in (("model", q), ("checked", q.double() + 1e9 * passes)):  # passing first, then the Q head
+                if name not in best:
+                    best[name] = (key, right)
+                else:
+                    better = key > best[name][0]
+                    best[name] = (torch.where(better, key, best[name][0]), torch.where(better, right, best[name][1]))
+            if k in self.rollouts:
+                for name in best:
+                    self.right[name][:, self.rollouts.index(k)] += best[name][1].sum(0)
+
+    def rows(self) -> list[dict]:
+        """One dict per (S, K): exact accuracy and its 95% interval under both selections."""
+        out = []
+        for i, s in enumerate(self.segments):
+            for j, k in enumerate(self.rollouts):
+                row = {"segments": s, "rollouts": k, "passes": s * k, "count": self.count}
+                for name, right in self.right.items():
+                    n = int(right[i, j])
+                    row[name] = n / max(self.count, 1)
+                    row[f"{name}_ci95"] = list(wilson_interval(n, self.count))
+                out.append(row)
+        return out
+
+
+def run_grid(trained, data_path: str, args, device) -> list[dict]:
+    """The grid of ``--segments`` x ``--rollouts`` (see the module docstring); prints it as a markdown table."""
+    loader = PuzzleDataset(data_path, "test", args.batch_size, seed=0)
+    checker = rules_checker(detect_task(loader.metadata))
+    grid = Grid(args.segments, args.rollouts)
+    ttc = TestTimeCompute(segments=max(grid.segments), rollouts=max(grid.rollouts), noise=args.noise,
+                          keep_segments=True).check()
+    trained.head.eval()
+    with torch.inference_mode():
+        for _set, batch, _effective in loader:
+            batch = {k: v.to(device) for k, v in batch.items() if k != RATING_BAND_KEY}
+            grid.add(rollouts(trained.head, trained.head, batch, ttc), batch["labels"].cpu(), batch["inputs"].cpu(),
+                     checker)
+            if args.max_examples and grid.count >= args.max_examples:
+                break
+    rows = grid.rows()
+    print(f"exact accuracy on {grid.count} puzzles, model-only / checked selection (noise {args.noise}):")
+    print("| segments | " + " | ".join(f"K={k}" for k in grid.rollouts) + " |\n|---|" + "---|" * len(grid.rollouts))
+    for s in grid.segments:
+        cells = [r for r in rows if r["segments"] == s]
+        print(f"| {s} | " + " | ".join(f"{100 * r['model']:.1f}% / {100 * r['checked']:.1f}%" for r in cells) + " |")
+    return rows
+
+
+def grid_picture(rows: list[dict], path: str, what: str) -> None:
+    """Exact accuracy against segment passes a puzzle (S x K), a line per K and selection."""
+    series = {}
+    for k in sorted({r["rollouts"] for r in rows}):
+        mine = sorted((r for r in rows if r["rollouts"] == k), key=lambda r: r["segments"])
+        for name in ("model", "checked"):
+            series[f"K={k}, {name}"] = ([r["passes"] for r in mine], [r[name] for r in mine])
+    line_chart(series, "segment passes a puzzle (segments x rollouts)", "exact accuracy", what, log_x=True,
+               y_range=(0, 1)).save(path)
+    print(f"picture: {path}")
+
+
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="benchmark_test_time.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a checkpoint file or a run directory (its best.pt)")
@@ -74,15 +165,29 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=256, help="evaluation batch (default: 256)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", help="also write the table here")
+    parser.add_argument("--grid", action="store_true",
+                        help="the whole --segments x --rollouts grid from one set of passes, model-only and checked")
+    parser.add_argument("--max-examples", type=int, help="--grid: stop after about this many puzzles")
+    parser.add_argument("--picture", help="--grid: also draw accuracy against test-time compute into this PNG")
     args = parser.parse_args(argv)
-    if args.json:
-        check_writable_file(args.json, "--json")
+    for flag in ("json", "picture"):
+        if getattr(args, flag):
+            check_writable_file(getattr(args, flag), f"--{flag}")
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, "auto")
     trained = load_trained(args.checkpoint, device, dtype, args.batch_size, args.data_path)
     data_path = args.data_path or (trained.cfg.data_paths_test or trained.cfg.data_paths)[0]
     print(f"machine: {machine_line(device)}")
     print(f"checkpoint: {trained.path} ({trained.note or 'as given'}); data: {data_path} (test)")
+    if args.grid:
+        rows = run_grid(trained, data_path, args, device)
+        if args.picture:
+            grid_picture(rows, args.picture, f"{Path(str(trained.path)).name} on {Path(data_path).name}: "
+                                             "test-time compute")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"machine": machine_line(device), "checkpoint": str(trained.path),
+                                                   "data": data_path, "grid": rows}, indent=1))
+        return 0
     rows, baseline = [], None
     for name, ttc in policies(trained.head.model.config.halt_max_steps, args.segments, args.rollouts, args.noise,
                                args.combined):

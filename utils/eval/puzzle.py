@@ -21,11 +21,13 @@ from tqdm import tqdm
 from models.losses import puzzle_metrics
 from utils.data.puzzle_dataset import NO_BAND, RATING_BAND_KEY, PuzzleDataset, band_name
 from utils.distributed import Dist
-from utils.eval.reasoning import TestTimeCompute, reason
+from utils.eval.reasoning import CHECKED, TestTimeCompute, reason
 from utils.eval.stats import with_interval
 
 
 BAND_METRIC = "exact_accuracy"  # the metric counted per rating band
+CHECKED_METRIC = "checked/"  # the prefix of the checked selection's metrics (utils/eval/reasoning.py)
+CHECKED_KEYS = ("accuracy", "exact_accuracy", "blank_accuracy")  # what is reported of the checked selection
 
 
 def band_keys(band: int) -> tuple[str, str]:
@@ -106,6 +108,9 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
         examples as independent, which augmented copies of one puzzle are not). When the test puzzles are rated
         (``loader.rating_bands``), then for each band with examples, easiest first: ``exact_accuracy/rating_<band>``
         (e.g. ``exact_accuracy/rating_16-31``, :func:`band_keys`), its interval, and ``count/rating_<band>``.
+        With checked selection (``ttc.checker``), also ``checked/accuracy``, ``checked/exact_accuracy`` (with its
+        interval) and ``checked/blank_accuracy`` of the checked answers, from the same passes; the consumers see
+        the model-only answers, the references' protocol.
         An empty dict on ranks other than 0.
     """
     head.eval()
@@ -119,12 +124,17 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
         batch = {k: v.to(device) for k, v in batch.items()}
         row_bands = batch.pop(RATING_BAND_KEY, None)
         answer = reason(forward, head, batch, ttc)
+        every_row = torch.ones_like(answer["segments"], dtype=torch.bool)
         metrics, _, _ = puzzle_metrics(answer["logits"], answer["q_halt_logits"], batch, answer["segments"],
-                                       torch.ones_like(answer["segments"], dtype=torch.bool), head.loss_fn)
+                                       every_row, head.loss_fn)
+        if CHECKED + "preds" in answer:  # checked selection, scored beside the model's own
+            checked, _, _ = puzzle_metrics(answer[CHECKED + "logits"], answer[CHECKED + "q_halt_logits"], batch,
+                                           answer[CHECKED + "segments"], every_row, head.loss_fn)
+            metrics |= {f"{CHECKED_METRIC}{k}": checked[k] for k in CHECKED_KEYS}
         if row_bands is not None:
             _add_band_sums(sums, row_bands, answer, batch, head.loss_fn)
         if consumers:
-            preds = {k: v.cpu() for k, v in answer.items() if k != "logits"}
+            preds = {k: v.cpu() for k, v in answer.items() if k != "logits" and not k.startswith(CHECKED)}
             cpu_batch = {k: v.cpu() for k, v in batch.items()}
             for consumer in consumers:
                 consumer.update_batch(cpu_batch, preds)
@@ -143,4 +153,6 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
     count = max(reduced.pop("count", 0.0), 1.0)
     out = {k: v / count for k, v in reduced.items()}
     out["count"] = count
-    return (with_interval(out, "exact_accuracy", count) if "exact_accuracy" in out else out) | by_band
+    for key in ("exact_accuracy", CHECKED_METRIC + "exact_accuracy"):
+        out = with_interval(out, key, count) if key in out else out
+    return out | by_band

@@ -16,7 +16,13 @@ signal (``sapientinc/HRM`` ``evaluate``; HRM issue 7, TRM issue 64 ask why). :fu
   the answer most views agree on, ties broken by their mean ``sigmoid(q_halt)``: the voting of TRM's ARC evaluator
   (``evaluators/arc.py``: identical answers pool votes, rank by votes then mean confidence) over the symmetries
   of a square puzzle whose rules they preserve (Sudoku, mazes). Views need a square grid and no per-puzzle
-  embedding (a rotated puzzle has no identifier of its own), so ARC keeps its own evaluator.
+  embedding (a rotated puzzle has no identifier of its own), so ARC keeps its own evaluator;
+- ``checker`` (checked selection, off by default): for tasks whose answers can be checked against the puzzle's
+  rules (Sudoku, mazes: :func:`rules_checker`), an answer that passes beats one that does not, whatever the Q head
+  prefers; among answers alike in that, the model's own ranking decides (q_halt for rollouts, votes then
+  confidence for views). This is not the references' protocol (they pick by the model alone), so the model-only
+  answer is always returned too, and the checked one beside it under ``checked_*`` keys, from the same passes;
+  ``stop_when_checked`` ends a batch's rollouts once every row has an answer that passes (solve.py, the page).
 
 With the defaults (``halt_max_steps`` segments, no early exit, one rollout) the answer is bitwise the
 reference's evaluation. The loop drives the (possibly compiled) ACT loss head one segment per call and keeps
@@ -28,13 +34,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from models.act import Carry
 from utils.data.common import dihedral
+from utils.data.user_puzzles import maze_problems, sudoku_problems
 from utils.errors import UserError
 
 MAX_SEED = 2**62  # rollout k draws with seed + k in a 64-bit generator
@@ -63,6 +70,9 @@ class TestTimeCompute:
         seed: seeds the noise (rollout k uses ``seed + k``).
         keep_segments: also return every segment's answer and ``q_halt`` (of the kept rollout).
         views: V, dihedral views of each puzzle answered and voted on (1..8; 1: the puzzle as given).
+        checker: ``checker(inputs [B, S], preds [B, S]) -> bool [B]``, whether each answer obeys the puzzle's rules;
+            None: model-only selection (the references').
+        stop_when_checked: with a checker, stop a batch's rollouts once every row has an answer that passes.
     """
 
     __test__ = False  # not a pytest class despite its name
@@ -75,6 +85,8 @@ class TestTimeCompute:
     seed: int = 0
     keep_segments: bool = False
     views: int = 1
+    checker: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    stop_when_checked: bool = False
 
     def check(self, halt_max_steps: Optional[int] = None, names: Optional[dict[str, str]] = None) -> "TestTimeCompute":
         """Check every setting's range (``min_segments`` against ``segments``, or without them against the model's
@@ -122,7 +134,8 @@ class TestTimeCompute:
     @property
     def plain(self) -> bool:
         """Whether this is the references' evaluation (all ``halt_max_steps`` segments, one rollout, one view)."""
-        return self.segments is None and not self.early_exit and self.rollouts == 1 and self.views == 1
+        return (self.segments is None and not self.early_exit and self.rollouts == 1 and self.views == 1
+                and self.checker is None)
 
 
 def initial_carry(head, batch: dict[str, torch.Tensor], noise: float, seed: int) -> Carry:
@@ -153,7 +166,8 @@ def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTim
         ``logits`` [B, S, V], ``preds`` [B, S] int64, ``q_halt_logits`` [B] fp32 and ``segments`` [B] int32 of the
         kept answer; with ``keep_segments``, ``segment_preds`` [B, T, S] and ``segment_q_halt`` [B, T] of the kept
         rollout (segments after a row stopped repeat its answer). With views, all in the puzzle's own orientation,
-        and ``votes`` [B] int64, the views that agree with the kept answer.
+        and ``votes`` [B] int64, the views that agree with the kept answer. With a ``checker``, the same keys
+        prefixed ``checked_`` for the checked selection, and ``checked_passes`` [B] bool, whether its answer passes.
 
     Raises:
         TestTimeComputeError: ``views`` > 1 on a batch that is not a square grid or that has puzzle identifiers.
@@ -168,12 +182,24 @@ def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTim
         view = {k: v[:, order] if k in ("inputs", "labels") else v for k, v in batch.items()}
         answer = _best_rollout(forward, head, view, ttc, stop)
         back = torch.argsort(order)
-        answers.append({k: v.index_select(SEQUENCE_AXIS[k], back) if k in SEQUENCE_AXIS else v
-                        for k, v in answer.items()})
-    return vote(answers)
+        answers.append({k: v.index_select(SEQUENCE_AXIS[k.removeprefix(CHECKED)], back)
+                        if k.removeprefix(CHECKED) in SEQUENCE_AXIS else v for k, v in answer.items()})
+    if ttc.checker is None:
+        return vote(answers)
+    checked = vote([_unprefixed(a) for a in answers], passes=[a[CHECKED + "passes"] for a in answers])
+    return vote([{k: v for k, v in a.items() if not k.startswith(CHECKED)} for a in answers]) | _prefixed(checked)
 
 
 SEQUENCE_AXIS = {"logits": 1, "preds": 1, "segment_preds": 2}  # the grid-cell axis of each answer tensor
+CHECKED = "checked_"  # the prefix of the checked selection's answer
+
+
+def _prefixed(answer: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {CHECKED + k: v for k, v in answer.items()}
+
+
+def _unprefixed(answer: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k.removeprefix(CHECKED): v for k, v in answer.items() if k.startswith(CHECKED) and k != CHECKED + "passes"}
 
 
 def view_grid_side(seq_len: int, has_identifiers: bool = False) -> int:
@@ -199,37 +225,63 @@ def dihedral_order(side: int, t: int) -> np.ndarray:
     return dihedral(np.arange(side * side).reshape(side, side), t).reshape(-1).copy()
 
 
-def vote(answers: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def vote(answers: list[dict[str, torch.Tensor]], passes: Optional[list[torch.Tensor]] = None) -> dict[str, torch.Tensor]:
     """Per row, the answer most of ``answers`` (one per view, same keys and shapes) agree on exactly.
 
     Identical ``preds`` pool their votes; the most votes win, ties go to the higher mean ``sigmoid(q_halt)`` of
     the agreeing views, then to the earlier view (TRM ``evaluators/arc.py``'s ranking). The kept row is that of
-    the first view in the winning group, with ``votes`` [B] int64: how many views gave that answer.
+    the first view in the winning group, with ``votes`` [B] int64: how many views gave that answer. With
+    ``passes`` (bool [B] per view: the answer obeys the puzzle's rules), an answer that passes wins before votes
+    count, and ``passes`` [B] of the kept answer is returned too (checked selection).
     """
     preds = torch.stack([a["preds"] for a in answers])  # [V, B, S]
     confidence = torch.sigmoid(torch.stack([a["q_halt_logits"] for a in answers]).float())  # [V, B]
     same = (preds[:, None] == preds[None]).all(-1)  # [V, V, B]: view v agrees with view w on row b
     votes = same.sum(1)
     mean_confidence = (same * confidence[None]).sum(1) / votes
-    pick = (2 * votes + mean_confidence).argmax(0)  # votes first: a vote is worth more than any confidence in [0, 1]
+    score = 2 * votes + mean_confidence  # votes first: a vote is worth more than any confidence in [0, 1]
+    if passes is not None:
+        passed = torch.stack(passes)
+        score = score + 4 * len(answers) * passed  # passing first: more than any votes and confidence
+    pick = score.argmax(0)
     rows = torch.arange(preds.shape[1], device=preds.device)
     kept = {k: torch.stack([a[k] for a in answers])[pick, rows] for k in answers[0]}
-    return kept | {"votes": votes[pick, rows]}
+    return kept | {"votes": votes[pick, rows]} | ({} if passes is None else {"passes": passed[pick, rows]})
 
 
 def _best_rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
                   stop: Optional[Callable[[], bool]]) -> dict[str, torch.Tensor]:
-    """The rollouts of one view of the batch; each row keeps the rollout with the highest final ``q_halt``."""
-    total = ttc.segments or head.model.config.halt_max_steps
-    best = None
-    for k in range(ttc.rollouts):
-        run = _rollout(forward, head, batch, ttc, total, noise=ttc.noise if k else 0.0, seed=ttc.seed + k, stop=stop)
-        if best is None:
-            best = run
+    """The rollouts of one view of the batch; each row keeps the rollout with the highest final ``q_halt``, and with
+    a checker also (``checked_*``) the highest-``q_halt`` rollout among those whose answer passes, if any."""
+    best = checked = None
+    for run in rollouts(forward, head, batch, ttc, stop):
+        best = run if best is None else _keep(run["q_halt_logits"] > best["q_halt_logits"], run, best)
+        if ttc.checker is None:
+            continue
+        run = run | {"passes": ttc.checker(batch["inputs"], run["preds"]).to(run["preds"].device)}
+        if checked is None:
+            checked = run
         else:
-            better = run["q_halt_logits"] > best["q_halt_logits"]
-            best = {key: torch.where(better.view(-1, *[1] * (v.ndim - 1)), v, best[key]) for key, v in run.items()}
-    return best
+            better = run["passes"] > checked["passes"]
+            tie = (run["passes"] == checked["passes"]) & (run["q_halt_logits"] > checked["q_halt_logits"])
+            checked = _keep(better | tie, run, checked)
+        if ttc.stop_when_checked and bool(checked["passes"].all()):
+            break
+    return best if checked is None else best | _prefixed(checked)
+
+
+def rollouts(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
+             stop: Optional[Callable[[], bool]] = None) -> Iterator[dict[str, torch.Tensor]]:
+    """Each of the ``ttc.rollouts`` rollouts of one view of the batch, in order, as :func:`reason` returns an answer
+    (without views): rollout 0 from the initial state, rollout k from it plus noise seeded ``ttc.seed + k``."""
+    total = ttc.segments or head.model.config.halt_max_steps
+    for k in range(ttc.rollouts):
+        yield _rollout(forward, head, batch, ttc, total, noise=ttc.noise if k else 0.0, seed=ttc.seed + k, stop=stop)
+
+
+def _keep(better: torch.Tensor, run: dict[str, torch.Tensor], best: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Row by row, ``run``'s answer where ``better`` [B], else ``best``'s."""
+    return {key: torch.where(better.view(-1, *[1] * (v.ndim - 1)), v, best[key]) for key, v in run.items()}
 
 
 def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute, total: int,
@@ -262,6 +314,28 @@ def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestT
     return kept
 
 
+RULES = {"sudoku": sudoku_problems, "maze": maze_problems}  # what keeps an answer from being a solution, by task
+
+
+def rules_checker(task: Optional[str]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The checker of checked selection for ``task``: ``check(inputs [B, S], preds [B, S]) -> bool [B]`` (on the
+    CPU), True where the answer obeys the puzzle's rules (Sudoku: every unit holds 1-9 once and the givens are kept;
+    mazes: walls, S and G kept and the path connects S to G; utils/data/user_puzzles.py). Padding rows (all 0) fail.
+
+    Raises:
+        TestTimeComputeError: ``task`` is not one whose answers can be checked (ARC's rules are the hidden answer).
+    """
+    problems = RULES.get(task or "")
+    if problems is None:
+        raise TestTimeComputeError(f"--checked selects answers by the puzzle's rules, which only Sudoku and mazes "
+                                   f"have; these puzzles are {task or 'of an unknown kind'}: leave out --checked")
+
+    def check(inputs: torch.Tensor, preds: torch.Tensor) -> torch.Tensor:
+        rows = zip(inputs.cpu().numpy(), preds.cpu().numpy())
+        return torch.tensor([bool(puzzle.any()) and not problems(answer, puzzle) for puzzle, answer in rows])
+    return check
+
+
 TEST_TIME_FLAGS = ("segments", "early_exit", "min_segments", "rollouts", "noise", "views")
 # How a user sets each TestTimeCompute attribute: as flags of evaluate.py and solve.py, or as a run's settings.
 FLAG_NAMES = {"segments": "--segments", "min_segments": "--min-segments", "rollouts": "--rollouts", "noise": "--noise",
@@ -292,10 +366,15 @@ def add_test_time_arguments(parser) -> None:
                         "such as Sudoku and mazes) and keep the answer most views agree on (default: 1)")
     g.add_argument("--rollout-seed", type=int, default=None,
                    help="seed of the rollouts' noise (default: the run's seed with its own settings, else 0)")
+    g.add_argument("--checked", action="store_true",
+                   help="checked selection (Sudoku, mazes): among the rollouts and views, an answer that obeys the "
+                        "puzzle's rules beats one the Q head prefers; reported beside the model-only selection (the "
+                        "references' protocol), never instead of it. Off by default")
 
 
-def test_time_compute(args, run_cfg=None, keep_segments: bool = False) -> TestTimeCompute:
-    """The :class:`TestTimeCompute` the flags of :func:`add_test_time_arguments` ask for.
+def test_time_compute(args, run_cfg=None, keep_segments: bool = False, task: Optional[str] = None) -> TestTimeCompute:
+    """The :class:`TestTimeCompute` the flags of :func:`add_test_time_arguments` ask for, with ``--checked`` the
+    :func:`rules_checker` of ``task`` (which leaves the other settings as they would be without it).
 
     With none of those flags given and ``run_cfg`` (the training run's config, ``Trained.cfg``) at hand, the run's
     own evaluation settings (:meth:`TestTimeCompute.of_run`), so that ``evaluate.py RUN`` scores what the run's
@@ -303,8 +382,13 @@ def test_time_compute(args, run_cfg=None, keep_segments: bool = False) -> TestTi
     the references' default.
 
     Raises:
-        TestTimeComputeError: a value out of range.
+        TestTimeComputeError: a value out of range, or ``--checked`` for a task without rules to check.
     """
+    ttc = _flagged_compute(args, run_cfg, keep_segments)
+    return dataclasses.replace(ttc, checker=rules_checker(task)) if getattr(args, "checked", False) else ttc
+
+
+def _flagged_compute(args, run_cfg, keep_segments: bool) -> TestTimeCompute:
     halt_max_steps = getattr(run_cfg, "arch", {}).get("halt_max_steps")
     if run_cfg is not None and all(getattr(args, flag) is None for flag in TEST_TIME_FLAGS):
         ttc = TestTimeCompute.of_run(run_cfg, keep_segments)

@@ -27,8 +27,8 @@ from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
 from utils.data.user_puzzles import PuzzleInputError, maze_problems, parse_maze, read_sudokus, sudoku_problems
 from utils.device import host_memory, memory_available
 from utils.eval.load import Trained, load_trained
-from utils.eval.reasoning import (FLAG_NAMES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute, TestTimeComputeError,
-                                  initial_carry, reason)
+from utils.eval.reasoning import (CHECKED, FLAG_NAMES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
+                                  TestTimeComputeError, initial_carry, reason)
 
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "models" / "pretrained"
 
@@ -66,7 +66,8 @@ class Answer:
     """One puzzle answered: ``puzzle`` and ``grid`` tokens [S], ``segment_grids`` [T, S] (the answer after each ACT
     segment; after a puzzle stopped, its answer repeats), ``segment_q_halt`` [T] (the halting logit ``q_halt`` per
     segment), ``halting`` (``sigmoid(q_halt)`` of the answer given), ``segments`` used, ``votes`` (of the views, when
-    several), and ``problems`` (empty: a solution)."""
+    several), ``problems`` (empty: a solution), and the ``selection`` that picked it among rollouts and views:
+    ``model`` (the Q head and the votes, the references' way) or ``checked`` (an answer that obeys the rules first)."""
 
     name: str
     task: str
@@ -78,6 +79,7 @@ class Answer:
     segments: int
     votes: Optional[int] = None
     problems: list[str] = field(default_factory=list)
+    selection: str = "model"
 
     @property
     def confidence(self) -> np.ndarray:
@@ -165,7 +167,9 @@ def open_model(spec: Optional[str], task: str, seq_len: int, batch_size: int, de
 
 def answer(trained: Trained, task: str, puzzles: list[tuple[str, np.ndarray]], ttc: TestTimeCompute,
            device: torch.device, stop: Optional[Callable[[], bool]] = None) -> list[Answer]:
-    """Answer ``puzzles`` (one batch) under ``ttc``, with every segment's answer kept, and check each answer.
+    """Answer ``puzzles`` (one batch) under ``ttc``, with every segment's answer kept, and check each answer. With
+    checked selection (``ttc.checker``) the checked answers are given, and the rollouts stop once every puzzle has
+    one that obeys the rules.
 
     Args:
         stop: asked before every segment (the page's: its client left, or the server stops).
@@ -176,8 +180,9 @@ def answer(trained: Trained, task: str, puzzles: list[tuple[str, np.ndarray]], t
     inputs = torch.from_numpy(np.stack([tokens for _, tokens in puzzles]).astype(np.int32)).to(device)
     batch = {"inputs": inputs, "labels": inputs.long(),
              "puzzle_identifiers": torch.zeros(len(puzzles), dtype=torch.int32, device=device)}
-    out = reason(trained.head, trained.head, batch, replace(ttc, keep_segments=True), stop)
-    out = {k: v.cpu() for k, v in out.items()}
+    checked = ttc.checker is not None
+    out = reason(trained.head, trained.head, batch, replace(ttc, keep_segments=True, stop_when_checked=checked), stop)
+    out = {k.removeprefix(CHECKED): v.cpu() for k, v in out.items() if k.startswith(CHECKED) == checked}
     check = sudoku_problems if task == "sudoku" else maze_problems
     answers = []
     for i, (name, tokens) in enumerate(puzzles):
@@ -185,7 +190,8 @@ def answer(trained: Trained, task: str, puzzles: list[tuple[str, np.ndarray]], t
         answers.append(Answer(name, task, tokens, grid, out["segment_preds"][i].numpy(),
                               out["segment_q_halt"][i].float().numpy(),
                               torch.sigmoid(out["q_halt_logits"][i].float()).item(), int(out["segments"][i]),
-                              int(out["votes"][i]) if "votes" in out else None, check(grid, tokens)))
+                              int(out["votes"][i]) if "votes" in out else None, check(grid, tokens),
+                              "checked" if checked else "model"))
     return answers
 
 

@@ -10,7 +10,7 @@ works offline) and a JSON API that solving goes through (utils/eval/solving.py, 
                        its own test-time compute (what solve.py uses without flags) and its budget (below)
     POST /api/solve    {"model": ID, "puzzle": TEXT} or {"model": ID, "task": ARC_TASK_JSON}, and optionally
                        "compute": {"segments", "early_exit", "min_segments", "rollouts", "noise", "views",
-                       "rollout_seed"}; the answer after every ACT segment, sigmoid(q_halt) per segment, the verdict,
+                       "rollout_seed", "checked"}; the answer after every ACT segment, sigmoid(q_halt) per segment, the verdict,
                        the GIF (base64), the answer as text and the compute used; or {"error": ONE_LINE} with status
                        400, the same line solve.py prints
 
@@ -77,7 +77,8 @@ PAGE = Path(__file__).with_name("page.html")
 MAX_BODY = 1 << 20  # a 30x30 ARC task with its demonstrations is a few tens of kB
 MAX_NESTING = 32  # an ARC task, the deepest request, nests 6 deep
 TASK_OF_VOCAB = {vocab: task for task, (vocab, _) in VOCAB.items()}
-COMPUTE_FIELDS = (*TEST_TIME_FLAGS, "rollout_seed")
+COMPUTE_FIELDS = (*TEST_TIME_FLAGS, "rollout_seed", "checked")
+BOOL_FIELDS = ("early_exit", "checked")
 TOKEN_HEADER = "X-Page-Token"
 CONNECTION_TIMEOUT_S = 30  # a client silent this long (mid-request, or not reading its answer) is hung up on
 REQUEST_DEADLINE_S = 60  # a request's headers and body arrive within this, however slowly they trickle
@@ -90,7 +91,7 @@ def compute_json(ttc: TestTimeCompute, halt_max_steps: int) -> dict[str, Any]:
     """``ttc`` as the page's compute fields (``segments`` counted: the model's ``halt_max_steps`` when unset)."""
     return {"segments": ttc.segments or halt_max_steps, "early_exit": ttc.early_exit,
             "min_segments": ttc.min_segments, "rollouts": ttc.rollouts, "noise": ttc.noise, "views": ttc.views,
-            "rollout_seed": ttc.seed}
+            "rollout_seed": ttc.seed, "checked": ttc.checker is not None}
 
 
 @dataclass
@@ -165,6 +166,7 @@ def answer_json(found: Answer) -> dict[str, Any]:
     text = (format_sudoku if found.task == "sudoku" else format_maze)(found.grid)
     return {"puzzle": grid_rows(found.puzzle, found.task).tolist(), "frames": frames, "segments": found.segments,
             "halting": found.halting, "votes": found.votes, "consistent": found.consistent, "verdict": found.verdict,
+            "selection": found.selection,
             "text": text, "gif": base64.b64encode(gif).decode()}
 
 
@@ -200,7 +202,7 @@ class Solver:
             raise PuzzleInputError(f"model {model!r} is not one of the ids 0..{len(self.models) - 1}")
         offered = self.models[model]
         flags = argparse.Namespace(**{**dict.fromkeys(COMPUTE_FIELDS), **_compute(request.get("compute"))})
-        ttc = test_time_compute(flags, offered.trained.cfg, keep_segments=True)
+        ttc = test_time_compute(flags, offered.trained.cfg, keep_segments=True, task=offered.task)
         if offered.task == "arc" and ttc.views != 1:
             raise PuzzleInputError(f"views={ttc.views} cannot be used with ARC: its augmented copies vote instead")
         check_budget(offered.trained, ttc, flags, self.device, flops=offered.flops)
@@ -288,22 +290,22 @@ def _compute(raw: Any) -> dict[str, Any]:
 
 
 def _setting(name: str, value: Any) -> Any:
-    """One compute setting: ``early_exit`` true or false (false is false, not the run's setting), ``noise`` a number,
-    the others whole numbers (JSON's 2.0 is 2); None: not given.
+    """One compute setting: ``early_exit`` and ``checked`` true or false (false is false, not the run's setting),
+    ``noise`` a number, the others whole numbers (JSON's 2.0 is 2); None: not given.
 
     Raises:
         PuzzleInputError: a value of another kind, named as solve.py's flag.
     """
     if value is None:
         return None
-    if name == "early_exit":
+    if name in BOOL_FIELDS:
         if isinstance(value, bool):
             return value
     elif isinstance(value, int) and not isinstance(value, bool):
         return value
     elif isinstance(value, float) and (name == "noise" or value.is_integer()):
         return value if name == "noise" else int(value)
-    kind = "bool" if name == "early_exit" else ("float" if name == "noise" else "int")
+    kind = "bool" if name in BOOL_FIELDS else ("float" if name == "noise" else "int")
     raise PuzzleInputError(f"--{name.replace('_', '-')}={value!r} is not a {kind}")
 
 
