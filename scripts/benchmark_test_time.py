@@ -142,14 +142,18 @@ def run_grid(trained, data_path: str, args, device) -> list[dict]:
 
 
 def grid_picture(rows: list[dict], path: str, what: str) -> None:
-    """Exact accuracy against segment passes a puzzle (S x K), a line per K and selection."""
+    """Exact accuracy against segment passes a puzzle (S x K), a line per K and selection; the checked selection's
+    lines only where they differ from the model-only ones somewhere (the title says when they never do)."""
+    same = all(r["checked"] == r["model"] for r in rows)
     series = {}
     for k in sorted({r["rollouts"] for r in rows}):
         mine = sorted((r for r in rows if r["rollouts"] == k), key=lambda r: r["segments"])
-        for name in ("model", "checked"):
-            series[f"K={k}, {name}"] = ([r["passes"] for r in mine], [r[name] for r in mine])
-    line_chart(series, "segment passes a puzzle (segments x rollouts)", "exact accuracy", what, log_x=True,
-               y_range=(0, 1)).save(path)
+        for name in ("model",) if same else ("model", "checked"):
+            series[f"K={k} rollouts{'' if same else ', ' + name}"] = ([r["passes"] for r in mine],
+                                                                      [r[name] for r in mine])
+    title = f"{what}{'; checked selection: the same at every point' if same else ''}"
+    line_chart(series, "segment passes a puzzle (segments x rollouts, along each line segments 4, 8, ...)",
+               f"exact accuracy (n={rows[0]['count']})", title, log_x=True, y_range=(0, 1)).save(path)
     print(f"picture: {path}")
 
 

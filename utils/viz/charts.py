@@ -35,6 +35,7 @@ def line_chart(series: dict[str, tuple[Sequence[float], Sequence[float]]], x_lab
         raise ValueError("a logarithmic x axis needs every x > 0")
     fx = math.log10 if log_x else float
     x_lo, x_hi = min(fx(x) for x, _ in points), max(fx(x) for x, _ in points)
+    x_lo = x_lo if log_x else min(x_lo, 0.0)  # a linear axis starts at 0, so distances compare
     if x_hi == x_lo:
         x_lo, x_hi = x_lo - 1, x_hi + 1
     y_lo, y_hi = y_range or (min(0.0, min(y for _, y in points)), max(y for _, y in points) or 1.0)
@@ -59,7 +60,8 @@ def line_chart(series: dict[str, tuple[Sequence[float], Sequence[float]]], x_lab
     for x in _x_ticks(x_lo, x_hi, log_x):
         px, _ = at(x, y_lo)
         draw.line([px, height - bottom, px, height - bottom + 4], fill=(90, 90, 90))
-        draw.text((px, height - bottom + 8), f"{x:.3g}", fill="black", font=small, anchor="mt")
+        label = f"{x:.0f}" if x >= 1 and x == int(x) else f"{x:.3g}"
+        draw.text((px, height - bottom + 8), label, fill="black", font=small, anchor="mt")
     draw.text(((left + width - right) / 2, height - 22), x_label, fill="black", font=small, anchor="mm")
     draw.text((10, top - 18), y_label, fill="black", font=small)
     for i, (label, (xs, ys)) in enumerate(series.items()):
