@@ -110,6 +110,7 @@ def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
     print(title)
     bands = {k: parse_band_key(k) for k in metrics if parse_band_key(k)}
     hidden = {name for k in metrics for name in interval_keys(k) if name in metrics} | {n for _, n in bands.values()}
+    width = max([16] + [len(bands.get(k, (k,))[0]) for k in metrics if k not in hidden])  # the labels line up
     for k, v in metrics.items():
         if k in hidden:
             continue
@@ -117,9 +118,9 @@ def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
         low, high = interval_keys(k)
         if low in metrics and high in metrics:
             n = metrics.get(n_key, float("nan"))
-            print(f"  {label:>16}: {v:.4f} (95% CI {metrics[low]:.2f}-{metrics[high]:.2f}, n={n:.0f})")
+            print(f"  {label:>{width}}: {v:.4f} (95% CI {metrics[low]:.2f}-{metrics[high]:.2f}, n={n:.0f})")
         else:
-            print(f"  {label:>16}: {v:.4f}")
+            print(f"  {label:>{width}}: {v:.4f}")
 
 
 def score_saved_outputs(args: argparse.Namespace) -> int:
