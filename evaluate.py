@@ -36,7 +36,7 @@ from utils.eval.reasoning import add_test_time_arguments, test_time_compute
 from utils.eval.stats import interval_keys
 from utils.outputs import announce_replacing, check_writable_dir, check_writable_file
 from utils.run.main import cli_main
-from utils.viz.puzzles import VisualizationError, detect_task
+from utils.viz.puzzles import known_task
 
 log = logging.getLogger("evaluate")
 
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                           "test_puzzles.json)")
     collector = OutputsCollector() if args.save_outputs is not None else None
     consumers = [c for c in (arc, collector) if c is not None]
-    ttc = test_time_compute(args, cfg, task=puzzle_task(loader) if args.checked else None)
+    ttc = test_time_compute(args, cfg, task=known_task(loader.metadata) if args.checked else None)
     if not ttc.plain:
         log.info("test-time compute: %s", ttc)
     metrics = evaluate_puzzles(head, head, loader, device, Dist(), args.max_examples, consumers=consumers, ttc=ttc)
@@ -169,14 +169,6 @@ def run(args: argparse.Namespace) -> int:
                  "references' protocol); the rest: model-only selection" if args.checked else "")
     print_metrics(f"{path} on {data_path} (test){selection}:", metrics, args.json)
     return 0
-
-
-def puzzle_task(loader: PuzzleDataset) -> Optional[str]:
-    """sudoku, maze or arc by the test split's shape; None for another dataset."""
-    try:
-        return detect_task(loader.metadata)
-    except VisualizationError:
-        return None
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -37,10 +37,10 @@ from utils.distributed import Dist  # noqa: E402
 from utils.eval.load import load_trained  # noqa: E402
 from utils.eval.puzzle import evaluate_puzzles  # noqa: E402
 from utils.data.puzzle_dataset import RATING_BAND_KEY  # noqa: E402
-from utils.eval.reasoning import TestTimeCompute, rollouts, rules_checker  # noqa: E402
+from utils.eval.reasoning import TestTimeCompute, checked_better, rollouts, rules_checker  # noqa: E402
 from utils.eval.stats import wilson_interval  # noqa: E402
 from utils.viz.charts import line_chart  # noqa: E402
-from utils.viz.puzzles import detect_task  # noqa: E402
+from utils.viz.puzzles import known_task  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.outputs import check_writable_file  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
@@ -88,20 +88,22 @@ class Grid:
         at = torch.tensor([s - 1 for s in self.segments])
         valid = (labels != -100).any(-1)
         self.count += int(valid.sum())
-        best = {}
+        best = {}  # selection -> the kept answers' (q_halt, passes, right), each [B, nS]
         for k, run in enumerate(runs, start=1):
             preds, q = run["segment_preds"][:, at].cpu(), run["segment_q_halt"][:, at].float().cpu()  # [B, nS, L], [B, nS]
             right = ((preds == labels[:, None]) | (labels[:, None] == -100)).all(-1) & valid[:, None]
             passes = torch.stack([checker(inputs, preds[:, i]) for i in range(len(self.segments))], 1)
-            for name, key in (("model", q), ("checked", q.double() + 1e9 * passes)):  # passing first, then the Q head
-                if name not in best:
-                    best[name] = (key, right)
+            for name in self.right:
+                if name in best:
+                    kept_q, kept_passes, _ = best[name]
+                    better = q > kept_q if name == "model" else checked_better(passes, q, kept_passes, kept_q)
+                    best[name] = tuple(torch.where(better, new, old) for new, old in
+                                       zip((q, passes, right), best[name]))
                 else:
-                    better = key > best[name][0]
-                    best[name] = (torch.where(better, key, best[name][0]), torch.where(better, right, best[name][1]))
+                    best[name] = (q, passes, right)
             if k in self.rollouts:
-                for name in best:
-                    self.right[name][:, self.rollouts.index(k)] += best[name][1].sum(0)
+                for name, (_, _, kept_right) in best.items():
+                    self.right[name][:, self.rollouts.index(k)] += kept_right.sum(0)
 
     def rows(self) -> list[dict]:
         """One dict per (S, K): exact accuracy and its 95% interval under both selections."""
@@ -120,7 +122,7 @@ class Grid:
 def run_grid(trained, data_path: str, args, device) -> list[dict]:
     """The grid of ``--segments`` x ``--rollouts`` (see the module docstring); prints it as a markdown table."""
     loader = PuzzleDataset(data_path, "test", args.batch_size, seed=0)
-    checker = rules_checker(detect_task(loader.metadata))
+    checker = rules_checker(known_task(loader.metadata))
     grid = Grid(args.segments, args.rollouts)
     ttc = TestTimeCompute(segments=max(grid.segments), rollouts=max(grid.rollouts), noise=args.noise,
                           keep_segments=True).check()

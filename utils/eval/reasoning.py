@@ -262,12 +262,18 @@ def _best_rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: 
         if checked is None:
             checked = run
         else:
-            better = run["passes"] > checked["passes"]
-            tie = (run["passes"] == checked["passes"]) & (run["q_halt_logits"] > checked["q_halt_logits"])
-            checked = _keep(better | tie, run, checked)
+            better = checked_better(run["passes"], run["q_halt_logits"], checked["passes"], checked["q_halt_logits"])
+            checked = _keep(better, run, checked)
         if ttc.stop_when_checked and bool(checked["passes"].all()):
             break
     return best if checked is None else best | _prefixed(checked)
+
+
+def checked_better(passes: torch.Tensor, q_halt: torch.Tensor, kept_passes: torch.Tensor,
+                   kept_q_halt: torch.Tensor) -> torch.Tensor:
+    """Where an answer beats the one kept so far under checked selection (any shape, elementwise): it obeys the rules
+    and the kept one does not, or both alike in that and its ``q_halt`` is higher."""
+    return (passes > kept_passes) | ((passes == kept_passes) & (q_halt > kept_q_halt))
 
 
 def rollouts(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
-from utils.data.user_puzzles import PuzzleInputError, maze_problems, parse_maze, read_sudokus, sudoku_problems
+from utils.data.user_puzzles import PuzzleInputError, parse_maze, read_sudokus
 from utils.device import host_memory, memory_available
 from utils.eval.load import Trained, load_trained
-from utils.eval.reasoning import (CHECKED, FLAG_NAMES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
+from utils.eval.reasoning import (CHECKED, FLAG_NAMES, RULES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
                                   TestTimeComputeError, initial_carry, reason)
 
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "models" / "pretrained"
@@ -183,7 +183,7 @@ def answer(trained: Trained, task: str, puzzles: list[tuple[str, np.ndarray]], t
     checked = ttc.checker is not None
     out = reason(trained.head, trained.head, batch, replace(ttc, keep_segments=True, stop_when_checked=checked), stop)
     out = {k.removeprefix(CHECKED): v.cpu() for k, v in out.items() if k.startswith(CHECKED) == checked}
-    check = sudoku_problems if task == "sudoku" else maze_problems
+    check = RULES[task]
     answers = []
     for i, (name, tokens) in enumerate(puzzles):
         grid = out["preds"][i].numpy()

@@ -60,7 +60,7 @@ from utils.run.session import RunSession, open_session, resume_command, stop_run
 from utils.run.stop import GracefulStop
 from utils.run.train_state import Clock, Optimizers, RNGStates, TrainState, Value
 from utils.train.curriculum import DepthCurriculum, set_depth
-from utils.viz.puzzles import EvalPictures, VisualizationError, detect_task
+from utils.viz.puzzles import EvalPictures, known_task
 
 log = logging.getLogger("pretrain")
 
@@ -280,7 +280,7 @@ class PuzzleTrainState(TrainState):
     guard's counters, the metrics window, the wall clock, the evaluations done, and per process the ACT carry and
     the RNG states, and the best evaluation so far. ``forward`` is the (possibly compiled) loss head that ``head``
     is. ``curriculum`` says the depth of each step; ``step_flops`` maps each depth it uses to the FLOPs of one
-    optimizer step there, summed over the processes."""
+    optimizer step there, summed over the processes (on rank 0, which alone logs them; empty on the others)."""
 
     def __init__(self, head, forward, dense: list, sparse: list, schedules: dict, ema: Optional[EMAHelper],
                  loader: PuzzleDataset, guard: NonFiniteGuard, clock: Clock, best: Best, cfg: PretrainConfig,
@@ -344,7 +344,7 @@ def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weig
                                                else "freeze_weights=true leaves nothing to average")
     return PuzzleTrainState(head, forward, dense, sparse, schedules, ema, data.train, guard, clock,
                             Best(data.headline), cfg, rank, setup.device, curriculum,
-                            depth_flops(setup, data.train.metadata, curriculum, rank.world_size))
+                            depth_flops(setup, data.train.metadata, curriculum, rank.world_size) if rank.is_main else {})
 
 
 def depth_flops(setup: Setup, metadata: PuzzleDatasetMetadata, curriculum: DepthCurriculum,
@@ -534,7 +534,7 @@ def load_data(setup: Setup, rank: Dist) -> PuzzleData:
         raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "
                           f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
     evaluators = make_evaluators(cfg, test_paths)
-    return PuzzleData(train, test, evaluators, total_steps, cfg.epochs // cfg.eval_interval, puzzle_task(test.metadata),
+    return PuzzleData(train, test, evaluators, total_steps, cfg.epochs // cfg.eval_interval, known_task(test.metadata),
                       headline_metric(cfg, evaluators))
 
 
@@ -682,14 +682,6 @@ def identity(setup: Setup) -> dict[str, Any]:
     """What a checkpoint to resume must match (utils/run/checkpointer.py)."""
     return {"trainer": "pretrain", "architecture": setup.arch,
             "settings": {k: v for k, v in setup.plan.settings.items() if k not in RUN_CONTROL_KEYS}}
-
-
-def puzzle_task(metadata: PuzzleDatasetMetadata) -> Optional[str]:
-    """The task to draw evaluation pictures of (sudoku, maze, arc), or None for data the pictures do not know."""
-    try:
-        return detect_task(metadata)
-    except VisualizationError:
-        return None
 
 
 if __name__ == "__main__":

@@ -100,6 +100,15 @@ def detect_task(metadata: PuzzleDatasetMetadata) -> str:
                              f"{metadata.seq_len}: only Sudoku (11/81), maze (6/size²) and ARC (12/900) datasets are supported")
 
 
+def known_task(metadata: PuzzleDatasetMetadata) -> str | None:
+    """:func:`detect_task`, or None for a dataset of another shape (the trainer then draws no pictures, and
+    ``--checked`` says it has no rules to check the answers by)."""
+    try:
+        return detect_task(metadata)
+    except VisualizationError:
+        return None
+
+
 # ----------------------------------------------------------------------------------------
 # Drawing helpers
 
