@@ -16,7 +16,6 @@ Arguments after ``--`` go to START_CAPE_TRAINING.sh (and win over its defaults).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from utils.cli import ArgumentParser  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
+from utils.run.metrics import read_points  # noqa: E402
 
 
 class BenchmarkError(UserError):
@@ -45,7 +45,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         raise BenchmarkError(f"{path} was not written: the training run failed (see its output above)")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_points(path)
 
 
 def report(records: list[dict]) -> str:

@@ -45,6 +45,7 @@ from utils.data.builders import build_dataset  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
+from utils.run.metrics import read_points  # noqa: E402
 from utils.run.stop import signal_exit_code  # noqa: E402
 
 
@@ -124,7 +125,7 @@ def run_recipe(label: str, recipe: str, extra: tuple[str, ...], data: Path, out:
     if not finished_as_asked(code, stopped):
         tail = "; ".join(log_path.read_text(errors="replace").strip().splitlines()[-3:])
         raise BenchmarkError(f"{label} ({recipe}) exited with code {code}: {tail} (full log: {log_path})")
-    points = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    points = read_points(run_dir / "metrics.jsonl")
     evals = [p for p in points if "eval/elapsed_s" in p]
     train = [p for p in points if "train/elapsed_s" in p]
     speeds = sorted(p["train/examples_per_s"] for p in train)

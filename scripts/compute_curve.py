@@ -11,7 +11,6 @@ that as a fraction of the baseline's PFLOP; draws the curves as a PNG.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from utils.cli import ArgumentParser  # noqa: E402
 from utils.config import ConfigError  # noqa: E402
 from utils.outputs import check_writable_file  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
+from utils.run.metrics import read_points  # noqa: E402
 from utils.viz.charts import line_chart  # noqa: E402
 
 
@@ -42,14 +42,8 @@ def curve(run: Path, metric: str) -> list[tuple[float, float, int]]:
     path = run / "metrics.jsonl"
     if not path.is_file():
         raise ConfigError(f"{run}: no metrics.jsonl; give a run directory of pretrain.py")
-    points = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            point = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut off by a kill
-        if "eval/train_pflop" in point and metric in point:
-            points.append((point["eval/train_pflop"], point[metric], point["step"]))
+    points = [(point["eval/train_pflop"], point[metric], point["step"]) for point in read_points(path)
+              if "eval/train_pflop" in point and metric in point]
     if not points:
         raise ConfigError(f"{path}: no evaluation logged eval/train_pflop and {metric} (runs from before the FLOP "
                           "count cannot be compared)")

@@ -32,6 +32,17 @@ from utils.outputs import write_atomically
 log = logging.getLogger(__name__)
 
 
+def read_points(path: Path) -> list[dict[str, Any]]:
+    """The points of a ``metrics.jsonl``, in file order; a blank line, or one cut off by a kill, is skipped."""
+    points = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            points.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return points
+
+
 def _truncate_after(path: Path, step: int) -> int:
     """Drop the lines of a metrics.jsonl with ``"step" > step``; returns how many were dropped."""
     if not path.is_file():
