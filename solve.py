@@ -62,7 +62,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     puzzle.add_argument("--maze", metavar="FILE", help="a text file with one maze")
     puzzle.add_argument("--arc", metavar="TASK_JSON", help="an ARC task file in the ARC Prize format")
     puzzle.add_argument("--serve", action="store_true", help="start a local web page to solve puzzles and watch each "
-                                                             "ACT segment (utils/serve/)")
+                                                             "ACT segment (utils/serve/); the test-time compute "
+                                                             "flags, --checked among them, fill its fields")
     parser.add_argument("--out", default="solutions", help="folder for the pictures and submission.json "
                                                            "(default: solutions)")
     parser.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")

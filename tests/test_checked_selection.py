@@ -3,6 +3,7 @@ one the Q head prefers; it is reported beside the model-only selection (the refe
 evaluate.py, solve.py and the page. On the CPU."""
 
 import json
+from argparse import Namespace
 
 import numpy as np
 from PIL import Image
@@ -123,6 +124,20 @@ def test_the_page_solves_with_checked_selection(shipped):  # noqa: F811
     assert status == 200 and answer["selection"] == "model" and answer["compute"]["checked"] is False
     status, answer = call(shipped, "POST", "/api/solve", {"model": 1, "puzzle": MAZE_10, "compute": {"checked": 1}})
     assert status == 400 and "--checked=1 is not a bool" in answer["error"]
+
+
+def test_the_command_lines_compute_flags_are_the_pages_defaults(shipped):  # noqa: F811
+    """``solve.py --serve --checked --rollouts 2`` ticks the page's box and fills its fields; flags out of a model's
+    range are refused (make_server asks describe() of every model before serving)."""
+    cpu = torch.device("cpu")
+    offered = shipped.solver.models  # 0 Sudoku, 1 maze
+    plain = [m.describe(cpu, Namespace())["compute"] for m in offered]
+    flagged = [m.describe(cpu, Namespace(checked=True, rollouts=2))["compute"] for m in offered]
+    assert not any(c["checked"] for c in plain) and all(c["checked"] for c in flagged)
+    assert all(c["rollouts"] == 2 and c["noise"] == 1.0 for c in flagged)
+    limit = offered[0].trained.cfg.arch["halt_max_steps"]
+    with pytest.raises(TestTimeComputeError, match="--min-segments"):
+        offered[0].describe(cpu, Namespace(min_segments=limit + 1))
 
 
 def test_the_test_time_grid_agrees_with_evaluate_and_checked_is_never_worse(sudoku_run, tmp_path, capsys):  # noqa: F811

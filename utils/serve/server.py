@@ -67,7 +67,7 @@ from utils.run.main import one_line
 from utils.run.stop import signal_exit_code
 from utils.train.arc_adapt import adapt_and_answer, task_from_json
 from utils.eval.load import Trained, load_trained
-from utils.eval.reasoning import TEST_TIME_FLAGS, Cancelled, TestTimeCompute, test_time_compute
+from utils.eval.reasoning import RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, test_time_compute
 from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
                                 flops_per_pass, gif_segments, open_model)
 from utils.viz.puzzles import render_segments, segments_gif
@@ -106,9 +106,13 @@ class Offered:
     bundled: bool
     flops: int
 
-    def describe(self, device: torch.device) -> dict[str, Any]:
-        """What the page shows of it: its own test-time compute as the defaults, and its budget now."""
-        ttc = test_time_compute(SimpleNamespace(**dict.fromkeys(COMPUTE_FIELDS)), self.trained.cfg)
+    def describe(self, device: torch.device, flags: argparse.Namespace) -> dict[str, Any]:
+        """What the page shows of it: as the defaults, the test-time compute the command line's flags (``flags``,
+        solve.py's) ask for, else its own, with the "checked selection" box ticked by ``--checked`` where its task
+        has rules to check; and its budget now."""
+        given = {field: getattr(flags, field, None) for field in COMPUTE_FIELDS}
+        given["checked"] = bool(given["checked"]) and self.task in RULES
+        ttc = test_time_compute(SimpleNamespace(**given), self.trained.cfg, task=self.task)
         budget = compute_budget(self.trained, device, flops=self.flops)
         return {"id": self.id, "label": self.label, "task": self.task, "side": math.isqrt(self.trained.seq_len),
                 "compute": compute_json(ttc, self.trained.cfg.arch["halt_max_steps"]), "budget": budget.describe()}
@@ -516,7 +520,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send(HTTPStatus.OK, PAGE.read_bytes(), "text/html; charset=utf-8")
         elif path == "/api/models":
             solver = self.server.solver
-            self._json(HTTPStatus.OK, {"models": [m.describe(solver.device) for m in solver.models]})
+            self._json(HTTPStatus.OK, {"models": [m.describe(solver.device, solver.args) for m in solver.models]})
         else:
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
 
@@ -631,9 +635,12 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     """The server, bound (port 0: a free one) and ready to ``serve_forever``; its models loaded.
 
     Raises:
-        UserError: a checkpoint that cannot be offered, or an address that cannot be bound.
+        UserError: a checkpoint that cannot be offered, test-time compute flags out of a model's range (the page's
+            defaults), or an address that cannot be bound.
     """
     solver = Solver(offered_models(args.checkpoint, device, dtype), args, device, dtype, out)
+    for offered in solver.models:
+        offered.describe(device, args)  # the flags as each model's defaults: refused now, not on the page's first call
     try:
         return PageServer(solver, args.host, args.port)
     except OSError as e:
