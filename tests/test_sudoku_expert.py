@@ -11,7 +11,7 @@ from utils.data.puzzle_dataset import DatasetError
 from utils.data.sudoku_expert import ExpertSearch, generate_expert
 
 # Small trees and few moves: the real defaults (trees of 60, ratings near 60) take about a second a puzzle.
-SMALL = ExpertSearch(tree_target=4, per_grid=2, moves=4, patience=40, chains_per_task=3, lanes=32, give_up=12)
+SMALL = ExpertSearch(tree_target=4, per_grid=2, moves=4, patience=40, chains_per_task=3, give_up=12)
 FLOOR = 2
 
 
@@ -53,6 +53,6 @@ def test_a_second_set_shares_no_solution_grid_with_the_first(made):
 
 
 def test_an_unreachable_floor_stops_with_an_error():
-    hopeless = ExpertSearch(tree_target=2, per_grid=1, moves=2, patience=4, chains_per_task=2, lanes=8, give_up=2)
+    hopeless = ExpertSearch(tree_target=2, per_grid=1, moves=2, patience=4, chains_per_task=2, give_up=2)
     with pytest.raises(DatasetError, match="--min-rating"):
         generate_expert(1, seed=0, min_rating=100000, search=hopeless)

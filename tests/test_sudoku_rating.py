@@ -169,9 +169,9 @@ def test_random_fill_draws_different_valid_grids():
     assert len({builder.grid_fingerprints(np.array(f.solution)[None])[0] for f in fills}) == 20  # not relabellings
 
 
-def test_search_many_gets_the_counts_guesses_and_solutions_of_search():
+def test_the_compiled_search_gets_the_counts_guesses_and_solutions_of_the_python_recursion():
     rng = np.random.default_rng(13)
-    puzzles = [grid(WIKIPEDIA), grid(ESCARGOT), [0] * 81]
+    puzzles = [grid(WIKIPEDIA), grid(ESCARGOT), grid(INKALA_2012), [0] * 81]
     for _ in range(6):
         q, sol = builder.generate_puzzle(rng, 0)
         puzzles.append(q)
@@ -184,9 +184,17 @@ def test_search_many_gets_the_counts_guesses_and_solutions_of_search():
     for limit in (1, 2, 3):
         queries = [solver.Query(p, limit, (int(np.flatnonzero(np.asarray(p) == 0)[0]), 1 + k % 9) if k % 3 == 1 else None)
                    for k, p in enumerate(puzzles)]
-        expected = [solver.search(q.cells, q.limit, q.exclude) for q in queries]
-        assert solver.search_many(queries, lanes=7) == expected  # fewer lanes than queries: lanes are reused
+        expected = [solver._search_python(q.cells, q.limit, q.exclude) for q in queries]
+        assert solver.search_many(queries) == expected
+        assert [solver.singles_left(p) for p in puzzles] == [python_singles_left(p) for p in puzzles]
         assert {r.count for r in expected} >= {0, 1, limit}  # none, unique, and as many as asked for
+
+
+def python_singles_left(cells) -> int:
+    """singles_left by the Python propagation that the compiled one restates."""
+    start = solver._start(list(cells))
+    state = None if start is None else solver._propagate(*start, solver._NO_BAN, [i for i in range(81) if not start[0][i]])
+    return -1 if state is None else len(state[0])
 
 
 def test_jobs_ask_for_searches_and_sub_jobs_and_get_their_answers():
@@ -199,7 +207,7 @@ def test_jobs_ask_for_searches_and_sub_jobs_and_get_their_answers():
         empty = yield []
         return first.guesses, many[0].count, many[1], empty
 
-    assert solver.run_jobs([job(0), job(2)], lanes=2) == [(solver.rate(grid(ESCARGOT)), 1, 1, []),
+    assert solver.run_jobs([job(0), job(2)]) == [(solver.rate(grid(ESCARGOT)), 1, 1, []),
                                                           (solver.rate(grid(ESCARGOT)), 1, 3, [])]
 
 

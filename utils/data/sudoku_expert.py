@@ -19,8 +19,8 @@ hardest in a pool). Here each *chain* keeps one solution grid and climbs:
    ``min_rating`` is kept; the chain stops after ``per_grid`` kept puzzles, or after ``patience`` neighbours
    without one (:class:`ExpertSearch`).
 
-All searches of a worker's chains run side by side through :func:`~utils.data.sudoku_rating.run_jobs`, which is
-what makes this bearable in pure Python. Chain k of a stream draws only from the RNG seeded
+Each chain is a generator whose searches :func:`~utils.data.sudoku_rating.run_jobs` answers with the compiled
+search (utils/data/sudoku_jit.py). Chain k of a stream draws only from the RNG seeded
 ``[seed, stream, k, 44]``, so the puzzles do not depend on the number of worker processes. The puzzles of one
 chain share its solution grid, and :func:`generate_expert` keeps or skips a chain's puzzles together by that grid's
 symmetry-invariant fingerprint (:func:`utils.data.sudoku.grid_fingerprints`): training and test sets generated with
@@ -60,8 +60,7 @@ class ExpertSearch:
         per_grid: puzzles kept per chain, i.e. per solution grid.
         moves: neighbours a chain tries side by side before it takes its hardest puzzle again.
         patience: neighbours a chain tries without keeping a puzzle before it gives up.
-        chains_per_task: chains a worker process runs side by side (the unit of work handed to a worker).
-        lanes: searches a worker process runs side by side.
+        chains_per_task: chains a worker process runs in one task (the unit of work handed to a worker).
         give_up: chains in a row without a puzzle after which generation stops with an error.
     """
 
@@ -70,7 +69,6 @@ class ExpertSearch:
     moves: int = 8
     patience: int = 160
     chains_per_task: int = 32
-    lanes: int = 256
     give_up: int = 512
 
 
@@ -79,8 +77,7 @@ Job = Generator[Query | list, SearchResult | list, object]
 
 
 def _minimize(puzzle: np.ndarray, rng: np.random.Generator) -> Job:
-    """Remove clues in random order while the solution stays unique; returns the minimal puzzle (uint8 [81]).
-    One search at a time: the other neighbours and chains keep the lanes busy meanwhile."""
+    """Remove clues in random order while the solution stays unique; returns the minimal puzzle (uint8 [81])."""
     for i in rng.permutation(81).tolist():
         digit = int(puzzle[i])
         if digit:
@@ -141,10 +138,10 @@ def _chain(index: int, seed: int, stream: int, min_rating: int, search: ExpertSe
 
 
 def _run_task(task: int, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> list:
-    """The chains of task ``task`` side by side; their results in chain order."""
+    """The chains of task ``task``; their results in chain order."""
     first = task * search.chains_per_task
     chains = [_chain(k, seed, stream, min_rating, search) for k in range(first, first + search.chains_per_task)]
-    return sudoku_rating.run_jobs(chains, lanes=search.lanes)
+    return sudoku_rating.run_jobs(chains)
 
 
 def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MIN_RATING, workers: int = 1,

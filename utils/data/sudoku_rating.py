@@ -11,10 +11,10 @@ with the fewest candidates and tries its digits in increasing order (or in a ran
 a grid). Candidates are 9-bit Python ints (bit d-1 = digit d), one mask per row, column and box of the
 digits already placed; a branch copies those 81 + 27 ints.
 
-:func:`search` runs one search in plain Python. :func:`run_jobs` (and :func:`search_many`, :func:`rate_many`) run
-the same search for hundreds of puzzles side by side with whole-array numpy operations, about ten times faster in
-bulk; it reaches the same propagation fixpoints, branches on the same cells and tries the same digits, so every
-count, guess count and solution is :func:`search`'s (tests/test_sudoku_rating.py checks both against each other).
+:func:`search` runs the compiled form of that search (utils/data/sudoku_jit.py, numba); :func:`_search_python`
+states it as a Python recursion, runs the random fills (their digit order comes from numpy's generator), and is
+what the compiled search is checked against (tests/test_sudoku_rating.py: every count, guess count and solution).
+:func:`run_jobs` lets a job written as a generator ask for searches (the expert generator's chains).
 
 The rating follows Sudoku-Extreme (Hugging Face ``sapientinc/sudoku-extreme``; HRM, Wang et al. 2025,
 arXiv 2506.21734, Sec. 3), which rates each puzzle by the backtracks a solver (tdoku) needs and keeps the
@@ -24,11 +24,12 @@ comes from another solver with other rules, so the two scales agree only in spir
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass
 from typing import Generator, Iterable, Sequence
 
 import numpy as np
+
+from utils.data import sudoku_jit
 
 _FULL = 0x1FF  # digits 1..9 in bits 0..8
 # Units 0..8 are rows, 9..17 columns, 18..26 boxes; each cell's three unit numbers and each unit's nine cells.
@@ -141,9 +142,7 @@ def _propagate(cells: list[int], used: list[int], ban: list[int], empties: list[
 def singles_left(cells) -> int:
     """Blank cells left once naked and hidden singles have run to a fixpoint on a puzzle (0: singles solve it);
     -1 when they meet a contradiction (or the clues repeat a digit)."""
-    start = _start(np.asarray(cells).reshape(81).tolist())
-    state = None if start is None else _propagate(*start, _NO_BAN, [i for i in range(81) if not start[0][i]])
-    return -1 if state is None else len(state[0])
+    return sudoku_jit.singles_left(np.asarray(cells, np.int64).reshape(81))
 
 
 def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
@@ -158,6 +157,19 @@ def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
     Returns:
         A :class:`SearchResult`; count 0 when the clues repeat a digit in a unit or have no solution.
     """
+    if rng is None:  # the compiled search (utils/data/sudoku_jit.py): the same results as the recursion below
+        ban = np.zeros(81, np.int64)
+        if exclude is not None:
+            ban[exclude[0]] = 1 << (exclude[1] - 1)
+        count, guesses, first, last = sudoku_jit.search(np.asarray(cells, np.int64).reshape(81), limit, ban)
+        return SearchResult(count, first.tolist() if count else None, guesses, last.tolist() if count else None)
+    return _search_python(cells, limit, exclude, rng)
+
+
+def _search_python(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
+                   rng: np.random.Generator | None = None) -> SearchResult:
+    """:func:`search` as a Python recursion: the statement of the solver that utils/data/sudoku_jit.py compiles,
+    and the only one that can draw a branch's digit order from numpy's ``rng``."""
     start = _start(np.asarray(cells).reshape(81).tolist())
     result = SearchResult(0, None, 0)
     if start is None:
@@ -240,80 +252,7 @@ def rate(cells) -> int:
 
 
 # ----------------------------------------------------------------------------------------
-# Many puzzles at once: the same search, vectorized over lanes
-
-
-_UNIT_TABLE = np.array(_UNIT_CELLS, np.intp)                  # [27, 9] cells of each unit
-_CELL_UNIT_TABLE = np.array([_ROW, _COL, _BOX], np.intp)      # [3, 81] units of each cell
-_POPCOUNT_TABLE = np.array(_POPCOUNT, np.int8)
-_NO_CANDIDATE = 10                                            # above any candidate count: never the branch cell
-
-
-class _Singles:
-    """Naked and hidden singles applied a round at a time to candidate masks int16 [81, L] of L lanes (lanes last,
-    so each step works on contiguous rows). Work arrays are allocated once: fresh arrays per step cost more than
-    the arithmetic at these sizes."""
-
-    def __init__(self, lanes: int):
-        shape = (81, lanes)
-        self.count = np.empty(shape, np.int8)
-        self.single = np.empty(shape, bool)
-        self.masks = np.empty(shape, np.int16)
-        self.spread = np.empty(shape, np.int16)
-        self.part = np.empty(shape, np.int16)
-        self.by_unit = np.empty((9, 27, lanes), np.int16)
-        self.once = np.empty((27, lanes), np.int16)
-        self.twice = np.empty((27, lanes), np.int16)
-        self.both = np.empty((27, lanes), np.int16)
-
-    def _once_twice(self, masks: np.ndarray) -> None:
-        """Per unit, the digits in at least one (``once``) and at least two (``twice``) of its cells' masks."""
-        np.take(masks, _UNIT_TABLE.T, axis=0, out=self.by_unit)  # [9, 27, L]: the k-th cell of every unit
-        once, twice, both = self.once, self.twice, self.both
-        once[:] = self.by_unit[0]
-        twice[:] = 0
-        for x in self.by_unit[1:]:
-            np.bitwise_and(once, x, out=both)
-            np.bitwise_or(twice, both, out=twice)
-            np.bitwise_or(once, x, out=once)
-
-    def _spread(self, per_unit: np.ndarray) -> np.ndarray:
-        """int16 [27, L] per unit -> ``self.spread`` int16 [81, L]: the OR over each cell's row, column and box."""
-        np.take(per_unit, _CELL_UNIT_TABLE[0], axis=0, out=self.spread)
-        for units in _CELL_UNIT_TABLE[1:]:
-            np.take(per_unit, units, axis=0, out=self.part)
-            np.bitwise_or(self.spread, self.part, out=self.spread)
-        return self.spread
-
-    def round(self, cand: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One round from ``cand`` into ``new`` (both int16 [81, L]; a single-bit mask is a placed digit): each
-        placed digit leaves its peers' masks, then each digit with one possible cell in a unit is placed there.
-
-        Returns bool [L] twice: the lanes found contradicted (a digit placed twice in a unit, a cell without a
-        candidate, a unit digit without a cell, a cell that two hidden singles claim) and the lanes whose
-        ``cand`` had every cell placed.
-        """
-        np.take(_POPCOUNT_TABLE, cand, out=self.count)
-        np.equal(self.count, 1, out=self.single)
-        solved = self.single.all(0)
-        np.multiply(cand, self.single, out=self.masks)  # the placed digits
-        self._once_twice(self.masks)
-        bad = self.twice.any(0)
-        elim = self._spread(self.once)
-        np.logical_not(self.single, out=self.single)
-        np.multiply(elim, self.single, out=elim)  # placed cells keep their digit
-        np.invert(elim, out=elim)
-        np.bitwise_and(cand, elim, out=new)
-        self._once_twice(new)
-        bad |= (self.once != _FULL).any(0) | (new == 0).any(0)
-        np.invert(self.twice, out=self.twice)
-        np.bitwise_and(self.once, self.twice, out=self.once)  # digits with exactly one cell in the unit
-        hidden = self._spread(self.once)
-        np.bitwise_and(hidden, new, out=hidden)
-        np.take(_POPCOUNT_TABLE, hidden, out=self.count)
-        bad |= (self.count > 1).any(0)
-        np.copyto(new, hidden, where=self.count == 1)
-        return bad, solved
+# Jobs that ask for searches (the expert generator's chains)
 
 
 @dataclass(frozen=True)
@@ -331,177 +270,41 @@ class Query:
     exclude: tuple[int, int] | None = None
 
 
-_START_MASK = np.array([_FULL] + [1 << d for d in range(9)], np.int16)  # digit (0 = blank) -> candidate mask
-_DIGIT_OF_MASK = np.array([m.bit_length() for m in range(512)], np.int64)  # a placed digit's mask -> the digit
+def run_jobs(jobs: Iterable[Generator]) -> list:
+    """Run jobs that ask for searches; returns the jobs' return values, in the order of ``jobs``.
 
-
-class _Task:
-    """A running job of :func:`run_jobs`: its generator, whom it answers to, and the answers it waits for."""
-
-    def __init__(self, job: Generator, parent: "_Task | None", slot: int):
-        self.job, self.parent, self.slot = job, parent, slot
-        self.answers: list = []
-        self.waiting = 0
-        self.many = False
-        self.value = None
-
-
-def run_jobs(jobs: Iterable[Generator], lanes: int = 256) -> list:
-    """Run jobs that ask for searches, many searches side by side; returns the jobs' return values.
-
-    A job is a generator. It yields a :class:`Query` and is sent back its :class:`SearchResult` (count, guesses,
-    first and last solution as lists of 81 digits), as if it had called :func:`search`; or it yields a list of
-    queries and sub-jobs (generators of the same kind) and is sent back the list of their results and return
-    values once all are done. Every search gets exactly :func:`search`'s count, guesses and solutions, so a job's
-    course does not depend on how the searches were scheduled.
-
-    Up to ``lanes`` searches run at once, by whole-array operations: a lane holds one search's candidate masks
-    and its own stack of branch points, and takes the next waiting query when its search ends. Naked and hidden
-    singles are applied a round at a time to all lanes; the singles reach the same fixpoint in any order (each
-    rule's deduction stays valid as digits are added), so the branch cells, the digits tried and hence the
-    guesses are :func:`search`'s. With hundreds of lanes busy this is about ten times faster than :func:`search`
-    one search at a time; with a handful it is slower.
-
-    Args:
-        jobs: the generators, not yet started.
-        lanes: searches at once.
-    Returns:
-        each job's return value (``StopIteration.value``), in the order of ``jobs``.
+    A job is a generator. It yields a :class:`Query` and is sent back :func:`search`'s :class:`SearchResult`
+    (count, guesses, first and last solution as lists of 81 digits); or it yields a list of queries and sub-jobs
+    (generators of the same kind) and is sent back the list of their results and return values. This lets the
+    expert generator write a chain's steps as plain code (utils/data/sudoku_expert.py).
     """
-    tasks = [_Task(job, None, k) for k, job in enumerate(jobs)]
-    queue: collections.deque = collections.deque()  # (task, slot, query) waiting for a lane
-
-    def resume(task: _Task, reply) -> None:
-        """Run ``task`` until it waits for searches or sub-jobs, or ends (then answer its parent)."""
-        while True:
-            try:
-                asked = task.job.send(reply)
-            except StopIteration as end:
-                task.value = end.value
-                if task.parent is not None:
-                    answer(task.parent, task.slot, end.value)
-                return
-            task.many = isinstance(asked, list)
-            items = asked if task.many else [asked]
-            if not items:
-                reply = []
-                continue
-            task.answers, task.waiting = [None] * len(items), len(items)
-            for slot, item in enumerate(items):
-                if isinstance(item, Query):
-                    queue.append((task, slot, item))
-                else:
-                    resume(_Task(item, task, slot), None)
-            return
-
-    def answer(task: _Task, slot: int, value) -> None:
-        task.answers[slot] = value
-        task.waiting -= 1
-        if not task.waiting:
-            resume(task, task.answers if task.many else task.answers[0])
-
-    for task in tasks:
-        resume(task, None)
-    lanes = max(1, lanes)
-    cand = np.zeros((81, lanes), np.int16)        # lanes last: each round works on contiguous rows
-    new = np.zeros_like(cand)
-    singles = _Singles(lanes)
-    stack = np.zeros((lanes, 82, 81), np.int16)   # a branch point per decided cell at most
-    stack_cell = np.zeros((lanes, 82), np.intp)
-    stack_rest = np.zeros((lanes, 82), np.int16)
-    depth = np.zeros(lanes, np.intp)
-    guesses = np.zeros(lanes, np.int64)
-    count = np.zeros(lanes, np.int64)
-    limit = np.zeros(lanes, np.int64)
-    busy = np.zeros(lanes, bool)
-    asker: list = [None] * lanes                    # (task, slot) of each lane's query
-    first: list[list[int] | None] = [None] * lanes  # each lane's first and last solution
-    last: list[list[int] | None] = [None] * lanes
-
-    def load(lane: int) -> None:
-        """Start the next waiting query in ``lane`` (or leave it idle)."""
-        busy[lane] = bool(queue)
-        if not queue:
-            return
-        task, slot, query = queue.popleft()
-        cells = np.asarray(query.cells).reshape(81)
-        masks = _START_MASK[cells]
-        if query.exclude is not None and not cells[query.exclude[0]]:
-            masks[query.exclude[0]] &= ~(1 << (query.exclude[1] - 1))
-        cand[:, lane] = masks
-        asker[lane], limit[lane], first[lane], last[lane] = (task, slot), query.limit, None, None
-        depth[lane] = guesses[lane] = count[lane] = 0
-
-    def solution(lane: int) -> list[int]:
-        return _DIGIT_OF_MASK[cand[:, lane]].tolist()
-
-    for lane in range(lanes):
-        load(lane)
-    while busy.any():
-        bad, solved = singles.round(cand, new)
-        still = busy & ~bad & (new == cand).all(0)  # a fixpoint: solved, or branch
-        cand, new = new, cand
-        solved &= still
-        branch = np.flatnonzero(still & ~solved)
-        found = np.flatnonzero(solved)
-        count[found] += 1
-        for lane in found.tolist():
-            last[lane] = solution(lane)
-            if count[lane] == 1:
-                first[lane] = last[lane]
-        done = found[count[found] >= limit[found]]
-        back = np.concatenate([np.flatnonzero(busy & bad), found[count[found] < limit[found]]])
-        # Branch on the first cell with the fewest candidates, its lowest digit first.
-        if len(branch):
-            c = cand[:, branch]
-            pc = _POPCOUNT_TABLE[c]
-            cell = np.where(pc > 1, pc, _NO_CANDIDATE).argmin(0)
-            m = c[cell, np.arange(len(branch))]
-            low = m & -m
-            d = depth[branch]
-            stack[branch, d] = c.T
-            stack_cell[branch, d] = cell
-            stack_rest[branch, d] = m & ~low
-            depth[branch] += 1
-            cand[cell, branch] = low
-            guesses[branch] += 1
-        # Backtrack to the newest branch point's next digit; a lane with none left is done.
-        if len(back):
-            exhausted = back[depth[back] == 0]
-            back = back[depth[back] > 0]
-            t = depth[back] - 1
-            rest = stack_rest[back, t]
-            low = rest & -rest
-            cand[:, back] = stack[back, t].T
-            cand[stack_cell[back, t], back] = low
-            stack_rest[back, t] = rest & ~low
-            depth[back] -= (rest == low)  # that was its last digit: the branch point is used up
-            guesses[back] += 1
-            done = np.concatenate([done, exhausted])
-        for lane in done.tolist():
-            task, slot = asker[lane]
-            answer(task, slot, SearchResult(int(count[lane]), first[lane], int(guesses[lane]), last[lane]))
-        for lane in done.tolist():  # after every answer: the jobs answered may have queued more
-            load(lane)
-        if not busy.all():
-            for lane in np.flatnonzero(~busy).tolist():
-                if not queue:
-                    break
-                load(lane)
-    return [task.value for task in tasks]
+    return [_drive(job) for job in jobs]
 
 
-def _ask(query: Query) -> Generator[Query, SearchResult, SearchResult]:
-    return (yield query)
+def _drive(job: Generator):
+    reply = None
+    while True:
+        try:
+            asked = job.send(reply)
+        except StopIteration as end:
+            return end.value
+        if isinstance(asked, list):
+            reply = [_answer(item) if isinstance(item, Query) else _drive(item) for item in asked]
+        else:
+            reply = _answer(asked)
 
 
-def search_many(queries: Iterable[Query], lanes: int = 256) -> list[SearchResult]:
-    """:func:`search` for each query, many side by side (:func:`run_jobs`): the same results, faster in bulk."""
-    return run_jobs((_ask(q) for q in queries), lanes)
+def _answer(query: Query) -> SearchResult:
+    return search(query.cells, query.limit, query.exclude)
 
 
-def rate_many(puzzles, lanes: int = 256) -> np.ndarray:
-    """:func:`rate` of each puzzle, searched side by side (:func:`search_many`).
+def search_many(queries: Iterable[Query]) -> list[SearchResult]:
+    """:func:`search` for each query."""
+    return [_answer(q) for q in queries]
+
+
+def rate_many(puzzles) -> np.ndarray:
+    """:func:`rate` of each puzzle.
 
     Args:
         puzzles: int [N, 81] digits, 0 = blank.
@@ -510,7 +313,7 @@ def rate_many(puzzles, lanes: int = 256) -> np.ndarray:
     Raises:
         ValueError: a puzzle has no solution (or its clues repeat a digit); the message gives its row.
     """
-    results = search_many((Query(p) for p in np.asarray(puzzles).reshape(-1, 81)), lanes)
+    results = search_many(Query(p) for p in np.asarray(puzzles).reshape(-1, 81))
     unsolved = [k for k, r in enumerate(results) if not r.count]
     if unsolved:
         raise ValueError(f"cannot rate a Sudoku without a solution (row {unsolved[0]})")
