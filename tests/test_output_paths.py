@@ -239,3 +239,12 @@ def test_saved_outputs_on_a_full_disk_are_one_line(tmp_path):
     line = one_error_line(result.stderr)
     assert f"could not write saved outputs {tmp_path / 'step_8_all_preds.0'} (File too large) after 65,536 bytes" in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_in_a_command_ends_it_with_one_line_and_status_130(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert cli_main(interrupted) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("interrupted (Ctrl-C)") and err.count("\n") == 1 and "Traceback" not in err

@@ -53,12 +53,17 @@ def report_error(error: Exception, rank: Dist = Dist()) -> int:
 
 
 def cli_main(body: Callable[[], int | None]) -> int:
-    """Run a single-process command (``evaluate.py``, a builder) with the shared logging and error path."""
+    """Run a single-process command (``evaluate.py``, a builder) with the shared logging and error path; Ctrl-C
+    ends it with one line and exit status 130, no traceback (utils/outputs.py writes each file whole or not at
+    all, so an interruption leaves nothing half-written under a file's name)."""
     setup_logging()
     try:
         return body() or 0
     except (UserError, RunFailure) as e:
         return report_error(e)
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C): stopped before the end; the files written so far are complete", file=sys.stderr, flush=True)
+        return signal_exit_code(signal.SIGINT)
 
 
 def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
