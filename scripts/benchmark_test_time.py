@@ -144,17 +144,21 @@ def run_grid(trained, data_path: str, args, device) -> list[dict]:
 
 
 def grid_picture(rows: list[dict], path: str, what: str) -> None:
-    """Exact accuracy against segment passes a puzzle (S x K), a line per K and selection; the checked selection's
+    """Exact accuracy against segment passes a puzzle (S x K): a line per rollout count K along the segment counts,
+    or, where the grid has more rollout counts than segment counts, a line per S along K; the checked selection's
     lines only where they differ from the model-only ones somewhere (the title says when they never do)."""
     same = all(r["checked"] == r["model"] for r in rows)
+    fixed, along = ("segments", "rollouts") if len({r["rollouts"] for r in rows}) > len({r["segments"] for r in rows}) \
+        else ("rollouts", "segments")
     series = {}
-    for k in sorted({r["rollouts"] for r in rows}):
-        mine = sorted((r for r in rows if r["rollouts"] == k), key=lambda r: r["segments"])
+    for value in sorted({r[fixed] for r in rows}):
+        mine = sorted((r for r in rows if r[fixed] == value), key=lambda r: r[along])
         for name in ("model",) if same else ("model", "checked"):
-            series[f"K={k} rollouts{'' if same else ', ' + name}"] = ([r["passes"] for r in mine],
+            series[f"{value} {fixed}{'' if same else ', ' + name}"] = ([r["passes"] for r in mine],
                                                                       [r[name] for r in mine])
-    title = f"{what}{'; checked selection: the same at every point' if same else ''}"
-    line_chart(series, "segment passes a puzzle (segments x rollouts, along each line segments 4, 8, ...)",
+    title = f"{what}{'; checked = model-only everywhere' if same else ''}"
+    steps = ", ".join(str(v) for v in sorted({r[along] for r in rows})[:3])
+    line_chart(series, f"segment passes a puzzle (segments x rollouts; along each line {along} {steps}, ...)",
                f"exact accuracy (n={rows[0]['count']})", title, log_x=True, y_range=(0, 1)).save(path)
     print(f"picture: {path}")
 
