@@ -64,16 +64,26 @@ def line_chart(series: dict[str, tuple[Sequence[float], Sequence[float]]], x_lab
         draw.text((px, height - bottom + 8), label, fill="black", font=small, anchor="mt")
     draw.text(((left + width - right) / 2, height - 22), x_label, fill="black", font=small, anchor="mm")
     draw.text((10, top - 18), y_label, fill="black", font=small)
-    for i, (label, (xs, ys)) in enumerate(series.items()):
+    for i, (xs, ys) in enumerate(series.values()):
         colour = COLOURS[i % len(COLOURS)]
         xy = [at(x, y) for x, y in zip(xs, ys)]
         if len(xy) > 1:
             draw.line(xy, fill=colour, width=2)
         for px, py in xy:
             draw.ellipse([px - 3, py - 3, px + 3, py + 3], fill=colour)
-        ly = top + 10 + 18 * i
-        draw.line([left + 12, ly, left + 36, ly], fill=colour, width=3)
-        draw.text((left + 42, ly), label, fill="black", font=small, anchor="lm")
+    # The legend goes in the plot's corner that covers the fewest points, on white.
+    box_w = 54 + max(draw.textlength(label, font=small) for label in series)
+    box_h = 8 + 18 * len(series)
+    corners = [(left + 4, top + 4), (width - right - 4 - box_w, height - bottom - 4 - box_h),
+               (width - right - 4 - box_w, top + 4), (left + 4, height - bottom - 4 - box_h)]
+    drawn = [at(x, y) for x, y in points]
+    bx, by = min(corners, key=lambda c: sum(c[0] <= px <= c[0] + box_w and c[1] <= py <= c[1] + box_h
+                                            for px, py in drawn))
+    draw.rectangle([bx, by, bx + box_w, by + box_h], fill="white", outline=(200, 200, 200))
+    for i, label in enumerate(series):
+        ly = by + 13 + 18 * i
+        draw.line([bx + 8, ly, bx + 32, ly], fill=COLOURS[i % len(COLOURS)], width=3)
+        draw.text((bx + 38, ly), label, fill="black", font=small, anchor="lm")
     return image
 
 
