@@ -6,7 +6,8 @@ Recursion", arXiv 2511.08653, Sec. 3.3) trains TRM shallow first and deep last: 
 alone trained 2.26x faster at -1.2 points. The setting ``depth_curriculum`` writes such a schedule as a list of
 ``[until, H_cycles, L_cycles]`` stages, ``until`` being the fraction of the run's optimizer steps at which the stage
 ends; after the last stage the architecture's own depth applies (CGAR's: ``[[0.3, 1, 2], [0.6, 2, 4]]``). An empty
-list (the default, and every reference recipe) trains at full depth throughout, as HRM and TRM do. Evaluations
+list (the default, and every reference recipe) trains at full depth throughout, as HRM and TRM do; a single stage
+ending at 1.0 trains at its depth throughout (``cfg_pretrain_trm_cpu_expert``: (1, 2), run at (3, 4)). Evaluations
 always run the architecture's full depth: the curve then measures the model as it will be used.
 
 The run's training FLOPs (``train/pflop`` in metrics.jsonl) count each optimizer step at its stage's depth, traced
