@@ -23,7 +23,6 @@ import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is im
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -39,7 +38,6 @@ from utils.eval.load import Trained
 from utils.eval.solving import TASK_SEQ_LEN, Answer, answer, check_budget, gif_segments, open_model, read_puzzles
 from utils.outputs import check_writable_dir, unused_stem
 from utils.run.main import cli_main
-from utils.run.stop import signal_exit_code
 from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
 
 log = logging.getLogger("solve")
@@ -183,11 +181,7 @@ def report(found: Answer, stem: Path, views: int = 1) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    try:
-        return cli_main(lambda: run(args))
-    except KeyboardInterrupt:  # nothing half-written to keep: pictures are written whole or not at all
-        print("stopped (Ctrl-C)", file=sys.stderr, flush=True)
-        return signal_exit_code(signal.SIGINT)
+    return cli_main(lambda: run(args))  # Ctrl-C: "stopped (Ctrl-C)", status 130; pictures are written whole or not at all
 
 
 if __name__ == "__main__":

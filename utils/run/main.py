@@ -62,7 +62,7 @@ def cli_main(body: Callable[[], int | None]) -> int:
     except (UserError, RunFailure) as e:
         return report_error(e)
     except KeyboardInterrupt:
-        print("interrupted (Ctrl-C): stopped before the end; the files written so far are complete", file=sys.stderr, flush=True)
+        print("stopped (Ctrl-C)", file=sys.stderr, flush=True)
         return signal_exit_code(signal.SIGINT)
 
 
