@@ -17,11 +17,12 @@ import numba
 import numpy as np
 
 FULL = 0x1FF  # digits 1..9 in bits 0..8
-_ROW = np.array([i // 9 for i in range(81)], np.int64)
-_COL = np.array([9 + i % 9 for i in range(81)], np.int64)
-_BOX = np.array([18 + (i // 27) * 3 + (i % 9) // 3 for i in range(81)], np.int64)
-_UNIT_CELLS = np.array([[i for i in range(81) if u in (_ROW[i], _COL[i], _BOX[i])] for u in range(27)], np.int64)
-_POPCOUNT = np.array([bin(m).count("1") for m in range(512)], np.int64)
+# Units 0..8 are rows, 9..17 columns, 18..26 boxes; each cell's three unit numbers and each unit's nine cells.
+ROW = np.array([i // 9 for i in range(81)], np.int64)
+COL = np.array([9 + i % 9 for i in range(81)], np.int64)
+BOX = np.array([18 + (i // 27) * 3 + (i % 9) // 3 for i in range(81)], np.int64)
+UNIT_CELLS = np.array([[i for i in range(81) if u in (ROW[i], COL[i], BOX[i])] for u in range(27)], np.int64)
+POPCOUNT = np.array([bin(m).count("1") for m in range(512)], np.int64)
 _DIGIT = np.array([m.bit_length() for m in range(512)], np.int64)  # a one-bit mask's digit
 
 CONTRADICTION, SOLVED, BRANCH = -1, 0, 1
@@ -30,9 +31,9 @@ CONTRADICTION, SOLVED, BRANCH = -1, 0, 1
 @numba.njit(cache=True)
 def _place(cells, used, i, bit):
     cells[i] = _DIGIT[bit]
-    used[_ROW[i]] |= bit
-    used[_COL[i]] |= bit
-    used[_BOX[i]] |= bit
+    used[ROW[i]] |= bit
+    used[COL[i]] |= bit
+    used[BOX[i]] |= bit
 
 
 @numba.njit(cache=True)
@@ -42,7 +43,7 @@ def _start(cells, used):
     for i in range(81):
         if cells[i]:
             bit = 1 << (cells[i] - 1)
-            if (used[_ROW[i]] | used[_COL[i]] | used[_BOX[i]]) & bit:
+            if (used[ROW[i]] | used[COL[i]] | used[BOX[i]]) & bit:
                 return False
             _place(cells, used, i, bit)
     return True
@@ -64,8 +65,8 @@ def propagate(cells, used, ban):
             for i in range(81):
                 if cells[i]:
                     continue
-                m = FULL & ~(used[_ROW[i]] | used[_COL[i]] | used[_BOX[i]] | ban[i])
-                n = _POPCOUNT[m]
+                m = FULL & ~(used[ROW[i]] | used[COL[i]] | used[BOX[i]] | ban[i])
+                n = POPCOUNT[m]
                 if n == 1:
                     _place(cells, used, i, m)
                     placed = True
@@ -84,9 +85,9 @@ def propagate(cells, used, ban):
                 continue
             once, twice, k = 0, 0, 0
             for j in range(9):
-                i = _UNIT_CELLS[u, j]
+                i = UNIT_CELLS[u, j]
                 if not cells[i]:
-                    m = FULL & ~(used[_ROW[i]] | used[_COL[i]] | used[_BOX[i]] | ban[i])
+                    m = FULL & ~(used[ROW[i]] | used[COL[i]] | used[BOX[i]] | ban[i])
                     twice |= once & m
                     once |= m
                     blank_cells[k], blank_masks[k] = i, m

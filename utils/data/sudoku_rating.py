@@ -31,13 +31,11 @@ import numpy as np
 
 from utils.data import sudoku_jit
 
-_FULL = 0x1FF  # digits 1..9 in bits 0..8
-# Units 0..8 are rows, 9..17 columns, 18..26 boxes; each cell's three unit numbers and each unit's nine cells.
-_ROW = [i // 9 for i in range(81)]
-_COL = [9 + i % 9 for i in range(81)]
-_BOX = [18 + (i // 27) * 3 + (i % 9) // 3 for i in range(81)]
-_UNIT_CELLS = [[i for i in range(81) if u in (_ROW[i], _COL[i], _BOX[i])] for u in range(27)]
-_POPCOUNT = [bin(m).count("1") for m in range(512)]
+_FULL = sudoku_jit.FULL
+# The compiled search's tables as Python lists (indexing a list is faster than an array in this loop).
+_ROW, _COL, _BOX = sudoku_jit.ROW.tolist(), sudoku_jit.COL.tolist(), sudoku_jit.BOX.tolist()
+_UNIT_CELLS = sudoku_jit.UNIT_CELLS.tolist()
+_POPCOUNT = sudoku_jit.POPCOUNT.tolist()
 _DIGITS = [[d for d in range(1, 10) if m >> (d - 1) & 1] for m in range(512)]
 _NO_BAN = [0] * 81
 
