@@ -128,7 +128,7 @@ def test_the_page_solves_with_checked_selection(shipped):  # noqa: F811
 
 def test_the_command_lines_compute_flags_are_the_pages_defaults(shipped):  # noqa: F811
     """``solve.py --serve --checked --rollouts 2`` ticks the page's box and fills its fields; flags out of a model's
-    range are refused (make_server asks describe() of every model before serving)."""
+    range are refused (make_server asks defaults() of every model before serving)."""
     cpu = torch.device("cpu")
     offered = shipped.solver.models  # 0 Sudoku, 1 maze
     plain = [m.describe(cpu, Namespace())["compute"] for m in offered]

@@ -106,16 +106,23 @@ class Offered:
     bundled: bool
     flops: int
 
-    def describe(self, device: torch.device, flags: argparse.Namespace) -> dict[str, Any]:
-        """What the page shows of it: as the defaults, the test-time compute the command line's flags (``flags``,
-        solve.py's) ask for, else its own, with the "checked selection" box ticked by ``--checked`` where its task
-        has rules to check; and its budget now."""
+    def defaults(self, flags: argparse.Namespace) -> TestTimeCompute:
+        """The page's default test-time compute for it: what the command line's flags (``flags``, solve.py's) ask
+        for, else its own, with checked selection where ``--checked`` was given and its task has rules to check.
+
+        Raises:
+            TestTimeComputeError: a flag out of this model's range.
+        """
         given = {field: getattr(flags, field, None) for field in COMPUTE_FIELDS}
         given["checked"] = bool(given["checked"]) and self.task in RULES
-        ttc = test_time_compute(SimpleNamespace(**given), self.trained.cfg, task=self.task)
+        return test_time_compute(SimpleNamespace(**given), self.trained.cfg, task=self.task)
+
+    def describe(self, device: torch.device, flags: argparse.Namespace) -> dict[str, Any]:
+        """What the page shows of it: its :meth:`defaults` and its budget now."""
         budget = compute_budget(self.trained, device, flops=self.flops)
         return {"id": self.id, "label": self.label, "task": self.task, "side": math.isqrt(self.trained.seq_len),
-                "compute": compute_json(ttc, self.trained.cfg.arch["halt_max_steps"]), "budget": budget.describe()}
+                "compute": compute_json(self.defaults(flags), self.trained.cfg.arch["halt_max_steps"]),
+                "budget": budget.describe()}
 
 
 def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype: torch.dtype) -> list[Offered]:
@@ -640,7 +647,7 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     """
     solver = Solver(offered_models(args.checkpoint, device, dtype), args, device, dtype, out)
     for offered in solver.models:
-        offered.describe(device, args)  # the flags as each model's defaults: refused now, not on the page's first call
+        offered.defaults(args)  # the flags as each model's defaults: refused now, not on the page's first call
     try:
         return PageServer(solver, args.host, args.port)
     except OSError as e:
