@@ -16,19 +16,28 @@ Routes, as the Hub serves them:
 - ``GET /api/{type}s/{owner}/{name}/tree/{revision}[/{path}]``: its files, one page.
 - CDN ``GET``/``HEAD /blobs/{sha256}?filename=...``: an LFS file's bytes, named in ``Content-Disposition`` (the
   name the client's progress bar shows).
+
+It misbehaves on purpose as a mirror, a proxy or a wrong ``HF_ENDPOINT`` may (:class:`Faults`): it serves any
+revision, drips its files' bytes, announces files with one ETag or without ``X-Repo-Commit``, names a commit that is
+no folder name, or lists a repo's files in a body the client cannot read. :func:`silent_endpoint` accepts connections
+and never answers; :func:`closed_endpoint` refuses them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from huggingface_hub import constants, hf_hub_url
 
 INLINE_MAX = 1024  # bytes; larger files are LFS files, served through the CDN as the Hub serves them
 PREFIXES = {"datasets": "dataset", "spaces": "space"}
@@ -45,11 +54,33 @@ class Repo:
         return self.refs.get(revision) or (revision if revision in self.commits else None)
 
 
+@dataclass
+class Faults:
+    """What the stand-in does that the Hub does not (all off by default).
+
+    Attributes:
+        any_revision: a revision it does not have is served as ``main`` (a permissive endpoint), in the file and the
+            repo API alike.
+        drip_s: seconds between the bytes of a file's body (the Hub's answer and the CDN's).
+        etag: every file is announced with this ETag (and ``X-Linked-Etag``), whatever its bytes.
+        commit: every file answer carries this ``X-Repo-Commit`` ("" leaves the header out).
+        tree: the body of every file listing (``/api/.../tree/...``).
+    """
+
+    any_revision: bool = False
+    drip_s: float = 0.0
+    etag: Optional[str] = None
+    commit: Optional[str] = None
+    tree: Optional[bytes] = None
+
+
 class HubStandIn:
     """The stand-in Hub: publish repos, then ``start()`` it (or use it as a context manager); ``endpoint`` is its
-    ``HF_ENDPOINT``. ``requests`` records ``(method, path)`` of every request it answered."""
+    ``HF_ENDPOINT``. ``requests`` records ``(method, path)`` of every request it answered; ``faults`` says how it
+    misbehaves."""
 
-    def __init__(self):
+    def __init__(self, faults: Optional[Faults] = None):
+        self.faults = faults or Faults()
         self.repos: dict[tuple[str, str], Repo] = {}
         self.blobs: dict[str, bytes] = {}
         self.requests: list[tuple[str, str]] = []
@@ -89,7 +120,8 @@ class HubStandIn:
             server.daemon_threads = True
             server.stand_in = self
             self._servers.append(server)
-            threading.Thread(target=server.serve_forever, daemon=True).start()
+            # A short poll: stop() waits for it, twice per stand-in.
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -102,6 +134,41 @@ class HubStandIn:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def silent_endpoint() -> Iterator[tuple[str, list[socket.socket]]]:
+    """An ``HF_ENDPOINT`` on 127.0.0.1 that accepts connections and never answers (a Hub behind a firewall that
+    drops its answers, a hung proxy), and the connections it accepted so far."""
+    accepted: list[socket.socket] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+
+        def accept():
+            with contextlib.suppress(OSError):  # the listening socket closed: the test is over
+                while True:
+                    accepted.append(server.accept()[0])
+
+        threading.Thread(target=accept, daemon=True).start()
+        try:
+            yield f"http://127.0.0.1:{server.getsockname()[1]}", accepted
+        finally:
+            for connection in accepted:
+                connection.close()
+
+
+def point_at(monkeypatch, endpoint: str, cache: Path, offline: bool = False) -> None:
+    """Point this process's huggingface_hub at ``endpoint`` with its cache in ``cache`` (it reads HF_ENDPOINT when
+    imported, so its constants are set along with the environment), without telemetry, as :meth:`HubStandIn.env`
+    (with it, huggingface_hub asks the endpoint for its list of AI agents once a process, before the first request)."""
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    assert hf_hub_url("owner/repo", "file", repo_type="dataset").startswith(endpoint + "/")  # never the real Hub
 
 
 def closed_endpoint() -> str:
@@ -137,14 +204,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.route(head=False)
 
     def answer(self, status: int, headers: dict[str, str], body: bytes = b"", head: bool = False,
-               length: Optional[int] = None) -> None:
+               length: Optional[int] = None, drip: bool = False) -> None:
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)
         self.send_header("Content-Length", str(len(body) if length is None else length))
         self.end_headers()
-        if not head:
+        if head:
+            return
+        if not (drip and self.hub.faults.drip_s):
             self.wfile.write(body)
+            return
+        with contextlib.suppress(OSError):  # the client hung up
+            for i in range(len(body)):
+                self.wfile.write(body[i:i + 1])
+                self.wfile.flush()
+                time.sleep(self.hub.faults.drip_s)
 
     def error(self, code: str, head: bool, extra: Optional[dict[str, str]] = None) -> None:
         body = json.dumps({"error": code}).encode()
@@ -166,7 +241,7 @@ class _HubHandler(_Handler):
         return repo
 
     def commit(self, repo: Repo, revision: str, head: bool) -> Optional[str]:
-        commit = repo.commit_of(revision)
+        commit = repo.commit_of(revision) or (repo.refs["main"] if self.hub.faults.any_revision else None)
         if commit is None:
             self.error("RevisionNotFound", head)
         return commit
@@ -184,14 +259,17 @@ class _HubHandler(_Handler):
         data = repo.commits[commit].get(path)
         if data is None:
             return self.error("EntryNotFound", head, {"X-Repo-Commit": commit})
+        faults = self.hub.faults
+        shown = {"X-Repo-Commit": commit if faults.commit is None else faults.commit}
+        shown = {name: value for name, value in shown.items() if value}
         if len(data) > INLINE_MAX:
             sha256 = hashlib.sha256(data).hexdigest()
             where = f"{self.hub.cdn}/blobs/{sha256}?filename={quote(path.rsplit('/', 1)[-1])}"
-            return self.answer(302, {"Location": where, "X-Repo-Commit": commit,
-                                     "X-Linked-Etag": f'"{sha256}"', "X-Linked-Size": str(len(data)),
-                                     "ETag": f'"{git_blob_id(data)}"'}, head=head)
-        self.answer(200, {"X-Repo-Commit": commit, "ETag": f'"{git_blob_id(data)}"',
-                          "Content-Type": "application/octet-stream"}, data, head)
+            return self.answer(302, {"Location": where, **shown, "X-Linked-Etag": f'"{faults.etag or sha256}"',
+                                     "X-Linked-Size": str(len(data)),
+                                     "ETag": f'"{faults.etag or git_blob_id(data)}"'}, head=head)
+        self.answer(200, {**shown, "ETag": f'"{faults.etag or git_blob_id(data)}"',
+                          "Content-Type": "application/octet-stream"}, data, head, drip=True)
 
     def api(self, parts: list[str], head: bool) -> None:
         repo_type = parts[0].removesuffix("s") if parts else ""
@@ -208,7 +286,7 @@ class _HubHandler(_Handler):
             under = "/".join(rest[2:])
             listing = [{"type": "file", "path": path, "size": len(data), "oid": git_blob_id(data)}
                        for path, data in sorted(files.items()) if path.startswith(under)]
-            body = json.dumps(listing).encode()
+            body = json.dumps(listing).encode() if self.hub.faults.tree is None else self.hub.faults.tree
         else:
             body = json.dumps({"id": "/".join(parts[1:3]), "sha": commit, "private": False,
                                "siblings": [{"rfilename": path} for path in sorted(files)]}).encode()
@@ -223,4 +301,4 @@ class _CdnHandler(_Handler):
             return self.answer(404, {}, b"", head)
         name = parse_qs(urlsplit(self.path).query).get("filename", ["file"])[0]
         self.answer(200, {"Content-Type": "application/octet-stream", "ETag": f'"{parts[-1]}"',
-                          "Content-Disposition": f'inline; filename="{name}"'}, data, head)
+                          "Content-Disposition": f'inline; filename="{name}"'}, data, head, drip=True)

@@ -5,6 +5,7 @@ The cache layout is huggingface_hub's: ``models--<owner>--<repo>/refs/main`` hol
 """
 
 import hashlib
+import logging
 import os
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import utils.hub
 from utils.config import recipe_config
 from utils.hub import resolve_checkpoint
 from utils.checkpoint import CheckpointError
+from tests.hub_stand_in import HubStandIn, closed_endpoint, point_at, silent_endpoint
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -129,7 +131,7 @@ def test_online_a_repo_without_a_checkpoint_file_is_listed_on_the_hub_and_its_st
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     requested = []
 
-    def download(repo_id, filename, revision=None, local_files_only=False):
+    def download(repo_id, filename, revision=None, local_files_only=False, **_):  # _: the progress bar's class
         requested.append(filename)
         if not (snapshot / filename).is_file():
             response = httpx2.Response(404, request=httpx2.Request("HEAD", f"https://hub/{repo_id}/{filename}"))
@@ -138,6 +140,7 @@ def test_online_a_repo_without_a_checkpoint_file_is_listed_on_the_hub_and_its_st
 
     monkeypatch.setattr(utils.hub, "hf_hub_download", download)
     monkeypatch.setattr(HfApi, "list_repo_files", lambda self, repo_id, revision=None: ["README.md", "sudoku/step_26040"])
+    monkeypatch.setattr(HfApi, "repo_info", lambda self, repo_id, **_: None)  # the probe: the Hub answers
     assert resolve_checkpoint("hf://owner/trm") == snapshot / "sudoku" / "step_26040"
     assert requested == ["checkpoint", "sudoku/step_26040", "sudoku/all_config.yaml"]
     assert "has no file sub/x.pt" in one_line_error("hf://owner/trm/sub/x.pt")
@@ -172,3 +175,56 @@ def test_load_pretrained_reads_a_released_checkpoint_through_an_hf_spec(cache, t
     assert load_pretrained(head, "hf://sapientinc/HRM-checkpoint-tiny") is None
     for key, value in donor.state_dict().items():
         assert torch.equal(head.state_dict()[key], value), key
+
+
+# ---- issue 53: hf:// against an endpoint that misbehaves on purpose, or does not answer -----------------------------
+
+@pytest.fixture
+def stand_in(tmp_path, monkeypatch):
+    """A stand-in Hub (tests/hub_stand_in.py) holding the model repo owner/trm, whose one checkpoint is
+    ``sudoku/step_10``, and this process's huggingface_hub pointed at it with an empty cache."""
+    with HubStandIn() as hub:
+        hub.publish("model", "owner/trm", {"sudoku/step_10": b"weights", "README.md": b"# TRM\n"})
+        point_at(monkeypatch, hub.endpoint, tmp_path / "hf" / "hub")
+        yield hub
+
+
+def test_campaign5_p01_an_hf_revision_that_is_no_ref_name_is_refused_before_any_request(stand_in, tmp_path):
+    stand_in.faults.any_revision = True  # a permissive endpoint: it serves main for whatever revision it is asked
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    escape = os.path.relpath(victim, tmp_path / "hf" / "hub" / "models--owner--trm" / "refs").replace("/", "%2F")
+    message = one_line_error(f"hf://owner/trm@{escape}/sudoku/step_10")
+    assert "the revision '../../../../victim.txt' is not a branch, tag or commit name (it holds '..')" in message
+    assert victim.read_text() == "mine" and stand_in.requests == []
+
+
+def test_campaign5_p10_an_hf_spec_probes_a_silent_hub_once_then_uses_the_cached_file(tmp_path, monkeypatch):
+    cache = tmp_path / "hf" / "hub"
+    snapshot = publish(cache, "owner/repo", {"checkpoint": b"weights"})  # no all_config.yaml: not asked for again
+    monkeypatch.setattr(utils.hub, "PROBE_TIMEOUT_S", 0.5, raising=False)  # how long the one probe waits
+    with silent_endpoint() as (endpoint, connections):
+        point_at(monkeypatch, endpoint, cache)
+        assert resolve_checkpoint("hf://owner/repo") == snapshot / "checkpoint"
+        assert len(connections) == 1
+
+
+def test_campaign5_p10_an_unreachable_hub_is_one_line_without_retry_warnings(tmp_path, monkeypatch, caplog):
+    point_at(monkeypatch, closed_endpoint(), tmp_path / "hf" / "hub")
+    assert "the Hub cannot be reached" in one_line_error("hf://owner/elsewhere")
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_campaign5_p20_a_listing_or_commit_id_that_is_not_a_hubs_is_one_line(stand_in):
+    stand_in.faults.tree = b'{"files": "step_10"}'  # a listing the client cannot read (it wants a list of entries)
+    message = one_line_error("hf://owner/trm")
+    assert f"hf://owner/trm: {stand_in.endpoint} answered, but not as a Hugging Face Hub does (TypeError: " in message
+    stand_in.faults.commit = "../elsewhere"
+    message = one_line_error("hf://owner/trm/sudoku/step_10")
+    assert "answered, but not as a Hugging Face Hub does (ValueError: Invalid pointer path" in message
+
+
+def test_campaign5_p21_an_hf_answer_without_x_repo_commit_is_named_not_taken_for_an_unreachable_hub(stand_in):
+    stand_in.faults.commit = ""
+    message = one_line_error("hf://owner/trm/sudoku/step_10")
+    assert "is missing the 'X-Repo-Commit' header" in message and "cannot be reached" not in message

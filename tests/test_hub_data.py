@@ -7,6 +7,7 @@ point huggingface_hub's endpoint and cache at it (the ``online`` fixture checks 
 import hashlib
 import io
 import json
+import logging
 import os
 import runpy
 import subprocess
@@ -16,13 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from huggingface_hub import constants, hf_hub_url
 from omegaconf import OmegaConf
 
 import evaluate
+import utils.hub
 from models import build_model, validate_arch
 from models.checkpoints import reference_state_dict
-from tests.hub_stand_in import HubStandIn, closed_endpoint
+from tests.hub_stand_in import HubStandIn, closed_endpoint, point_at
 from utils.config import recipe_config, to_dict
 from utils.data import maze, sudoku
 from utils.data.builders import build_dataset
@@ -78,17 +79,6 @@ def hub(csvs):
                                                          "test.csv": maze_test})
     with stand_in:
         yield stand_in
-
-
-def point_at(monkeypatch, endpoint: str, cache: Path, offline: bool = False) -> None:
-    """Point this process's huggingface_hub at ``endpoint`` with its cache in ``cache`` (it reads HF_ENDPOINT when
-    imported, so its constants are set along with the environment)."""
-    monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    assert hf_hub_url("owner/repo", "file", repo_type="dataset").startswith(endpoint + "/")  # never the real Hub
 
 
 @pytest.fixture
@@ -271,3 +261,92 @@ def test_issue45_evaluate_scores_an_hf_checkpoint_end_to_end(hub, csvs, online, 
     assert metrics["count"] == 3 and 0 <= metrics["exact_accuracy"] <= 1
     cached = sorted(p.name for p in online.rglob("*") if p.is_file() and "snapshots" in p.parts)
     assert cached == sorted(Path(path).name for path, what in layout.items() if what != "readme")
+
+
+# ---- issue 53: an endpoint that misbehaves on purpose, a damaged cache ----------------------------------------------
+
+@pytest.fixture
+def faulty(csvs, tmp_path, monkeypatch):
+    """A stand-in of its own serving the reference CSVs, its ``faults`` set by each test, and this process's
+    huggingface_hub pointed at it with an empty cache."""
+    with HubStandIn() as own:
+        own.publish("dataset", sudoku.HUB_REPO, csvs["sudoku"])
+        own.publish("dataset", maze.HUB_REPO, csvs["maze"])
+        point_at(monkeypatch, own.endpoint, tmp_path / "hf" / "hub")
+        yield own
+
+
+@pytest.mark.parametrize("kind, repo", [("sudoku", sudoku.HUB_REPO), ("maze", maze.HUB_REPO)])
+def test_campaign5_p01_a_revision_that_is_no_ref_name_is_refused_before_any_request(faulty, tmp_path, monkeypatch,
+                                                                                    capsys, kind, repo):
+    faulty.faults.any_revision = True  # a permissive endpoint: it serves main for whatever revision it is asked
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    refs = tmp_path / "hf" / "hub" / f"datasets--{repo.replace('/', '--')}" / "refs"  # where the revision is written
+    line = run_script(kind, ["--output-dir", str(tmp_path / "out"), "--revision", os.path.relpath(victim, refs)],
+                      monkeypatch, capsys)
+    assert "--revision '../../../../victim.txt' cannot name a branch, tag or commit (it holds '..')" in line
+    assert victim.read_text() == "mine" and faulty.requests == [] and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["sudoku", "maze"])
+@pytest.mark.parametrize("repo", ["owner/../name", "owner/name/more"])
+def test_campaign5_p16_a_repo_that_is_no_repo_id_is_one_line(faulty, tmp_path, monkeypatch, capsys, kind, repo):
+    line = run_script(kind, ["--output-dir", str(tmp_path / "out"), "--repo", repo], monkeypatch, capsys)
+    assert f"--repo {repo!r} cannot name a Hugging Face Hub repo (a repo id is owner/name" in line
+    assert faulty.requests == []
+
+
+def test_campaign5_p05_a_cached_csv_cut_short_is_refused_naming_it(faulty, tmp_path, monkeypatch, capsys):
+    sudoku.main(["--output-dir", str(tmp_path / "first")])  # fills the cache
+    blob = next((tmp_path / "hf" / "hub").glob("datasets--*/snapshots/*/train.csv")).resolve()
+    blob.write_bytes(b"".join(blob.read_bytes().splitlines(keepends=True)[:4]))  # cut at a line: 3 of 8 rows
+    for offline in (True, False):
+        point_at(monkeypatch, faulty.endpoint, tmp_path / "hf" / "hub", offline=offline)
+        line = run_script("sudoku", ["--output-dir", str(tmp_path / f"again-{offline}")], monkeypatch, capsys)
+        assert f"train.csv in the Hugging Face cache ({blob}) does not have the hash the Hub gave for it" in line
+        assert f"delete {blob} and rerun" in line and not (tmp_path / f"again-{offline}").exists()
+
+
+def test_campaign5_p06_two_files_announced_with_one_hash_or_bytes_of_another_hash_are_refused(
+        faulty, csvs, tmp_path, monkeypatch, capsys):
+    faulty.faults.etag = hashlib.sha256(csvs["sudoku"]["train.csv"]).hexdigest()  # test.csv announced as train.csv
+    line = run_script("sudoku", ["--output-dir", str(tmp_path / "same")], monkeypatch, capsys)
+    assert f"gave train.csv and test.csv of the dataset repo {sudoku.HUB_REPO} at revision main" in line
+    assert "one hash: the splits would be the same file" in line
+    point_at(monkeypatch, faulty.endpoint, tmp_path / "other-cache")
+    faulty.faults.etag = "0" * 64  # announced, but not the hash of the bytes that come
+    line = run_script("sudoku", ["--output-dir", str(tmp_path / "wrong")], monkeypatch, capsys)
+    assert "train.csv in the Hugging Face cache" in line and "does not have the hash the Hub gave for it" in line
+    assert not (tmp_path / "same").exists() and not (tmp_path / "wrong").exists()
+
+
+def test_campaign5_p13_a_dripping_download_is_ended_by_its_deadline(faulty, tmp_path, monkeypatch, capsys):
+    faulty.faults.drip_s = 0.05  # 20 bytes a second: 1.4 kB of train.csv would take over a minute
+    monkeypatch.setattr(utils.hub, "DOWNLOAD_GRACE_S", 0.5, raising=False)
+    line = run_script("sudoku", ["--output-dir", str(tmp_path / "out")], monkeypatch, capsys)
+    assert line.startswith(f"error: fetching train.csv of the dataset repo {sudoku.HUB_REPO} at revision main: ")
+    assert "under the 10.0kB/s a download must keep" in line and "--source-dir DIR" in line
+
+
+def test_campaign5_p20_a_commit_id_that_is_no_folder_name_is_one_line(faulty, tmp_path, monkeypatch, capsys):
+    faulty.faults.commit = "../../elsewhere"
+    line = run_script("sudoku", ["--output-dir", str(tmp_path / "out")], monkeypatch, capsys)
+    assert f"{faulty.endpoint} answered, but not as a Hugging Face Hub does (ValueError: Invalid pointer path" in line
+
+
+def test_campaign5_p21_an_answer_without_x_repo_commit_is_named_not_taken_for_an_unreachable_hub(
+        faulty, tmp_path, monkeypatch, capsys):
+    faulty.faults.commit = ""
+    line = run_script("sudoku", ["--output-dir", str(tmp_path / "out")], monkeypatch, capsys)
+    assert f"{faulty.endpoint} answered, but not as a Hugging Face Hub does (FileMetadataError: Response from " in line
+    assert "is missing the 'X-Repo-Commit' header" in line and "cannot be reached" not in line
+    assert ("HEAD", f"/datasets/{sudoku.HUB_REPO}/resolve/main/train.csv") in faulty.requests  # it did answer
+
+
+def test_campaign5_p23_a_hub_build_logs_no_http_request_line_before_its_error(faulty, tmp_path, monkeypatch, capsys,
+                                                                               caplog):
+    caplog.set_level(logging.INFO)  # as the builders log (utils/run/main.py setup_logging)
+    line = run_script("sudoku", ["--output-dir", str(tmp_path / "out"), "--revision", "v9"], monkeypatch, capsys)
+    assert "has no revision 'v9'" in line and faulty.requests  # the Hub was asked
+    assert [r.getMessage() for r in caplog.records if "HTTP Request" in r.getMessage()] == []

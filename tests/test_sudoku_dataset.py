@@ -476,3 +476,68 @@ def test_generation_workers_started_inside_a_training_run_end_on_sigterm():
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.split()[-1] == "1", result.stderr
     assert "received" not in result.stderr
+
+
+# ---- issue 53: the output folder at publish time, symlinks, an impossible floor (device=cpu) -------------------------
+
+def _run_builder_script(argv, monkeypatch, capsys) -> str:
+    """scripts/build_sudoku_dataset.py run in this process; asserts exit status 2 and returns its one error line."""
+    monkeypatch.setattr(sys, "argv", ["build_sudoku_dataset.py", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        runpy.run_path(str(REPO / "scripts" / "build_sudoku_dataset.py"), run_name="__main__")
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert exit_info.value.code == 2 and len(errors) == 1 and err.rstrip().endswith(errors[0]), err
+    return errors[0]
+
+
+def test_campaign5_p02_publishing_keeps_what_appeared_in_the_output_dir_and_the_later_of_two_builds_fails(
+        tmp_path, monkeypatch):
+    write = builder._write_split
+    out = tmp_path / "ds"
+
+    def user_file_appears(directory, *args):  # while the build writes its splits, a user's file appears in out
+        out.mkdir(exist_ok=True)
+        (out / "notes.txt").write_text("mine")
+        return write(directory, *args)
+
+    monkeypatch.setattr(builder, "_write_split", user_file_appears)
+    with pytest.raises(DatasetError, match=r"is not empty; pass --overwrite .* \(it changed while this build ran, so "
+                                           r"the new dataset was not published\)"):
+        builder.build_dataset(out, generate=True, train_size=1, test_size=1)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+
+    raced = tmp_path / "raced"
+
+    def another_build_finishes_first(directory, *args):
+        monkeypatch.setattr(builder, "_write_split", write)
+        builder.build_dataset(raced, generate=True, train_size=2, test_size=1, seed=1)
+        return write(directory, *args)
+
+    monkeypatch.setattr(builder, "_write_split", another_build_finishes_first)
+    with pytest.raises(DatasetError, match=f"--output-dir {raced} is not empty"):
+        builder.build_dataset(raced, generate=True, train_size=1, test_size=1)
+    assert len(load_split(raced, "train")["inputs"]) == 2  # the earlier build's dataset, whole
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+
+
+def test_campaign5_p17_overwrite_onto_a_symlinked_dataset_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "identifiers.json").write_text('["<blank>"]')  # what check_output_dir takes for a dataset
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setattr(builder, "_source_puzzles", lambda *a, **k: pytest.fail("the build started its work"))
+    line = _run_builder_script(["--generate", "--overwrite", "--train-size", "1", "--test-size", "1",
+                                "--output-dir", str(link)], monkeypatch, capsys)
+    assert line == (f"error: --output-dir {link} is a symbolic link (to {real}); a build replaces the folder the path "
+                    "names: give the folder itself, or a new path")
+    assert link.is_symlink() and sorted(p.name for p in real.iterdir()) == ["identifiers.json"]
+
+
+def test_campaign5_p15_an_expert_floor_out_of_reach_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(builder, "_source_puzzles", lambda *a, **k: pytest.fail("the build started its work"))
+    line = _run_builder_script(["--generate", "--expert", "--min-rating", "100000", "--output-dir",
+                                str(tmp_path / "x")], monkeypatch, capsys)
+    assert line.startswith("error: --min-rating 100000 is out of the expert generator's reach") and \
+        f"give at most {builder.EXPERT_MAX_FLOOR}" in line

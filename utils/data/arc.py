@@ -663,15 +663,19 @@ def build_arc_dataset(output_dir: str | os.PathLike, dataset: str = "arc-agi-1",
     source = {"dataset": dataset, "num_aug": num_aug, "seed": seed, "max_tasks": max_tasks,
               "subsets": [{"name": s.name, "tasks": len(s.tasks), "test_set": s.is_test, "from": s.origin}
                           for s in subsets]}
-    return write_subsets(output_dir, subsets, num_aug, seed, source)
+    return write_subsets(output_dir, subsets, num_aug, seed, source, overwrite=overwrite)
 
 
-def write_subsets(output_dir: Path, subsets: list[Subset], num_aug: int, seed: int, source: dict) -> Path:
+def write_subsets(output_dir: Path, subsets: list[Subset], num_aug: int, seed: int, source: dict, *,
+                  overwrite: bool = False) -> Path:
     """Augment the tasks of ``subsets`` and write them as a dataset at ``output_dir`` (the second half of
     :func:`build_arc_dataset`, which checks ``output_dir`` first; ``solve.py`` writes a user's task with it).
 
     Args:
         source: the build's record, written to each split's ``dataset.json``.
+        overwrite: an existing dataset at ``output_dir`` may be replaced (utils/data/common.staged_dataset).
+    Raises:
+        DatasetError: ``output_dir`` took other files while the dataset was built.
     """
     rng = np.random.RandomState(seed)
     groups, short = [], []
@@ -693,7 +697,7 @@ def write_subsets(output_dir: Path, subsets: list[Subset], num_aug: int, seed: i
         print(f"warning: {len(short)} task(s) have fewer than {num_aug} distinct variants: {', '.join(short[:10])}"
               + (" ..." if len(short) > 10 else ""))
 
-    with staged_dataset(output_dir) as staging:
+    with staged_dataset(output_dir, overwrite) as staging:
         for split in ("train", "test"):
             counts = _write_split(staging / split, split, groups, rng)
             _write_metadata(staging / split, counts, next_id, source)

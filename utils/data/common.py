@@ -7,15 +7,21 @@ format (utils/data/puzzle_dataset.py).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
+import itertools
 import json
 import multiprocessing
+import multiprocessing.pool
 import os
 import shutil
 import signal
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -142,22 +148,17 @@ def add_to_metadata(directory: Path, key: str, value) -> None:
 
 
 def check_output_dir(output_dir: Path, overwrite: bool) -> None:
-    """Refuse to build over a file, a non-empty non-dataset directory, or a dataset without ``overwrite``, or
-    where the dataset cannot be written: ``output_dir`` (or its nearest existing ancestor) must take a new
-    directory, and so must the parent of an existing one (the build is staged beside it and renamed over it).
-    Call it before any work.
+    """Refuse to build over a file, a symbolic link, a non-empty non-dataset directory, or a dataset without
+    ``overwrite``, or where the dataset cannot be written: ``output_dir`` (or its nearest existing ancestor) must take
+    a new directory, and so must the parent of an existing one (the build is staged beside it and renamed over it).
+    Call it before any work; :func:`staged_dataset` applies the same rule again when it publishes.
 
     Raises:
         DatasetError: naming the path and the way out.
     """
-    if output_dir.exists():
-        if not output_dir.is_dir():
-            raise DatasetError(f"--output-dir {output_dir} is a file; pick a directory path")
-        if any(output_dir.iterdir()):
-            if not overwrite:
-                raise DatasetError(f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path")
-            if not (output_dir / "identifiers.json").exists():
-                raise DatasetError(f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)")
+    refusal = _output_refusal(output_dir, overwrite)
+    if refusal:
+        raise DatasetError(refusal)
     try:
         check_writable_dir(output_dir, "--output-dir")
         if output_dir.exists():
@@ -166,12 +167,114 @@ def check_output_dir(output_dir: Path, overwrite: bool) -> None:
         raise DatasetError(str(e)) from None
 
 
-def _plain_signals() -> None:
-    """A generation worker's signals: SIGTERM ends it, SIGINT is left to the parent. A trainer's graceful-stop
-    handler, inherited through fork, would otherwise swallow the SIGTERM with which the pool ends its workers,
-    and the pool would wait for them forever."""
+def _output_refusal(output_dir: Path, overwrite: bool) -> str | None:
+    """Why a dataset may not be put at ``output_dir`` now, or None: what is there must be nothing, an empty
+    directory, or (with ``overwrite``) a dataset. A symbolic link is refused: the build replaces the folder it names,
+    which would be the link, not the folder it points to."""
+    if output_dir.is_symlink():
+        return (f"--output-dir {output_dir} is a symbolic link (to {os.readlink(output_dir)}); a build replaces the "
+                "folder the path names: give the folder itself, or a new path")
+    if not output_dir.exists():
+        return None
+    if not output_dir.is_dir():
+        return f"--output-dir {output_dir} is a file; pick a directory path"
+    if any(output_dir.iterdir()):
+        if not overwrite:
+            return f"--output-dir {output_dir} is not empty; pass --overwrite to replace it or pick another path"
+        if not (output_dir / "identifiers.json").exists():
+            return f"refusing to overwrite {output_dir}: it does not look like a puzzle dataset (no identifiers.json)"
+    return None
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+WAKE_S = 0.2  # seconds the main process waits for a worker's result before it wakes to run a signal's handler
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h): the signal a process gets when its parent ends
+
+
+class Workers:
+    """Where a build's work runs (:func:`worker_pool`): the pool's processes, or this process without one."""
+
+    def __init__(self, pool: multiprocessing.pool.Pool | None):
+        self._pool = pool
+
+    def imap(self, work: Callable, items: Iterable, chunksize: int = 1) -> Iterator:
+        """``work(item)`` for each of ``items``, in order (``pool.imap``; ``work`` picklable with a pool).
+
+        The main process waits for each result in slices of :data:`WAKE_S` seconds: a signal that the kernel gave
+        another of its threads (torch's, tqdm's) runs its handler only when the main thread runs Python again, and
+        a worker's task can take minutes, so a stop would otherwise wait for the next result.
+        """
+        if self._pool is None:
+            yield from map(work, items)
+            return
+        items = iter(items)
+        # Lists of chunksize items, one task each: Pool.imap's own chunking hides the waiting iterator behind a
+        # generator without next(timeout).
+        chunks = iter(lambda: list(itertools.islice(items, chunksize)), [])
+        results = self._pool.imap(functools.partial(_map_list, work), chunks)
+        while True:
+            try:
+                yield from results.next(timeout=WAKE_S)
+            except multiprocessing.TimeoutError:
+                continue
+            except StopIteration:
+                return
+
+
+def _map_list(work: Callable, items: list) -> list:
+    """``[work(item) for item in items]``: one task of :meth:`Workers.imap` in a worker."""
+    return [work(item) for item in items]
+
+
+@contextlib.contextmanager
+def worker_pool(workers: int) -> Iterator[Workers]:
+    """``workers`` generation processes (none for one worker: the work runs in this process), ended when the block
+    is left, however it is left; their results come from :meth:`Workers.imap`.
+
+    A stop is the main process's to act on: the workers ignore SIGINT (Ctrl-C reaches the whole process group, and
+    the main process stops the build) and die of the SIGTERM with which the pool ends them. A signal in the main
+    process (raised there by its handler: a trainer's at-once stop, Ctrl-C, a command's SIGTERM) leaves the block
+    with its exception, and the workers are ended before it goes on; they also end with the main process however it
+    ends (on Linux; :func:`_worker_signals`), so none is left running at full CPU without it. The workers start with
+    SIGINT and SIGTERM held, so a stop sent meanwhile reaches the main process after the pool is up, and no worker
+    runs the main process's handler.
+    """
+    if workers <= 1:
+        yield Workers(None)
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        pool = multiprocessing.Pool(workers, _worker_signals)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a stop that came meanwhile is raised here, in the block
+        yield Workers(pool)
+    finally:
+        # The ending runs in a thread of its own, where no signal handler runs: a second stop (or a trainer's repeat
+        # of the first, utils/run/stop.py) can cut short this thread's wait for it, not the ending itself.
+        ender = threading.Thread(target=_end, args=(pool,), name="end generation workers")
+        ender.start()
+        ender.join()
+
+
+def _end(pool: multiprocessing.pool.Pool) -> None:
+    """End ``pool``'s workers (SIGTERM) and wait for them."""
+    pool.terminate()
+    pool.join()
+
+
+def _worker_signals() -> None:
+    """A generation worker's signals (see :func:`worker_pool`): SIGTERM ends it, SIGINT is the main process's, and
+    on Linux it gets SIGKILL when its parent ends (a worker that is not busy ends anyway, at the end of its task
+    queue). A trainer's graceful-stop handler, inherited through fork, would otherwise swallow the SIGTERM with which
+    the pool ends its workers, and the pool would wait for them forever."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def generate_distinct(work: Callable[[int], tuple[np.ndarray, np.ndarray]], key: Callable[[np.ndarray, np.ndarray], bytes],
@@ -189,12 +292,12 @@ def generate_distinct(work: Callable[[int], tuple[np.ndarray, np.ndarray]], key:
     seen = set(exclude or ())
     questions, answers = [], []
     next_index = 0
-    with (multiprocessing.Pool(workers, _plain_signals) if workers > 1 else contextlib.nullcontext()) as pool, \
+    with worker_pool(workers) as pool, \
             tqdm(total=count, desc=desc, unit=unit) as bar:
         while len(questions) < count:
             indices = range(next_index, next_index + count - len(questions))
             next_index = indices.stop
-            for q, a in (pool.imap(work, indices, chunksize=chunksize) if pool else map(work, indices)):
+            for q, a in pool.imap(work, indices, chunksize):
                 k = key(q, a)
                 if k not in seen:
                     seen.add(k)
@@ -236,20 +339,68 @@ def subsample_training(questions: np.ndarray, answers: np.ndarray, subsample_siz
 
 
 @contextlib.contextmanager
-def staged_dataset(output_dir: Path) -> Iterator[Path]:
-    """Build into a temporary sibling directory, then rename it over ``output_dir``, so an interrupted build
-    never leaves a dataset that looks complete. Call :func:`check_output_dir` first: an existing
-    ``output_dir`` is replaced."""
+def staged_dataset(output_dir: Path, overwrite: bool) -> Iterator[Path]:
+    """Build into a temporary sibling directory, then rename it to ``output_dir``, so an interrupted build never
+    leaves a dataset that looks complete. Call :func:`check_output_dir` first.
+
+    What ``output_dir`` holds by the time the build is done is judged again by :func:`check_output_dir`'s rule
+    (another build, or a user, may have put something there meanwhile): only an existing dataset, and only with
+    ``overwrite``, is replaced. The rename itself refuses a folder that is not empty, so of two builds racing into
+    one folder without ``overwrite`` the later fails instead of replacing the earlier.
+
+    Raises:
+        DatasetError: ``output_dir`` may not take the dataset now (nothing was published; it is left as it is).
+    """
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = output_dir.parent / f".{output_dir.name}.building-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
+    staging = _new_sibling(output_dir, "building")
     try:
         yield staging
-        if output_dir.exists():
-            shutil.rmtree(output_dir)
-        os.replace(staging, output_dir)
+        _publish(staging, output_dir, overwrite)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _new_sibling(output_dir: Path, role: str) -> Path:
+    """A new empty hidden directory beside ``output_dir``, named for this process and ``role``, with the mode a new
+    folder gets (the umask's), as the dataset it becomes should have."""
+    for n in itertools.count():
+        path = output_dir.parent / f".{output_dir.name}.{role}-{os.getpid()}-{n}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:  # another build of this process, or a leftover: take the next name
+            continue
+
+
+def _publish(staging: Path, output_dir: Path, overwrite: bool) -> None:
+    """Rename ``staging`` to ``output_dir``, first moving aside the dataset it replaces (``overwrite``), which is
+    deleted only once the new one is in place.
+
+    Raises:
+        DatasetError: see :func:`staged_dataset`.
+    """
+    refusal = _output_refusal(output_dir, overwrite)
+    if refusal:
+        raise DatasetError(f"{refusal} (it changed while this build ran, so the new dataset was not published)")
+    old = None
+    if output_dir.exists() and any(output_dir.iterdir()):  # a dataset, which overwrite replaces
+        old = _new_sibling(output_dir, "replaced") / output_dir.name
+        os.rename(output_dir, old)
+    try:
+        os.rename(staging, output_dir)  # refuses a folder that is not empty: something put there since the check
+    except OSError as e:
+        kept = ""
+        if old is not None:
+            try:
+                os.rename(old, output_dir)
+                old.parent.rmdir()
+            except OSError:
+                kept = f"; the dataset it was to replace is kept at {old}"
+        raise DatasetError(f"--output-dir {output_dir} took other files while this build ran ({e.strerror}); the new "
+                           f"dataset was not published{kept}: rerun when nothing else writes there, or pick another "
+                           "path") from None
+    if old is not None:
+        shutil.rmtree(old.parent)
 
 
 def write_one_example_split(directory: Path, inputs: np.ndarray, labels: np.ndarray, variants: int, vocab_size: int,

@@ -373,7 +373,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
                                f"test.csv {test_q.shape[1]}x{test_q.shape[2]}; one model needs one size")
     train_q, train_a = common.subsample_training(train_q, train_a, subsample_size, np.random.default_rng(seed), "mazes")
 
-    with staged_dataset(output_dir) as staging:
+    with staged_dataset(output_dir, overwrite) as staging:
         _write_split(staging / "train", train_q, train_a, aug)
         _write_split(staging / "test", test_q, test_a, False)
         if source.record is not None:

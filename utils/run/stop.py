@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 
 REDELIVER_S = 0.5  # seconds between raises of an at-once stop that Python dropped
+FIRST_STEP = "the first step (compiling)"  # the at-once phase of every run
 
 
 def signal_exit_code(signum: int) -> int:
@@ -45,9 +46,9 @@ class StoppedAtOnce(BaseException):
     """A signal arrived during :meth:`GracefulStop.at_once`; ``exit_code`` is 128 + its number. A BaseException, as
     KeyboardInterrupt is, so no ``except Exception`` on the way swallows it."""
 
-    def __init__(self, signal_name: str):
-        super().__init__(f"stopped by {signal_name} during the first step (compiling), before anything was trained "
-                         "since the last checkpoint; nothing needed saving")
+    def __init__(self, signal_name: str, during: str = FIRST_STEP):
+        super().__init__(f"stopped by {signal_name} during {during}, before anything was trained since the last "
+                         "checkpoint; nothing needed saving")
         self.exit_code = signal_exit_code(signal.Signals[signal_name])
 
 
@@ -62,15 +63,17 @@ class GracefulStop:
         self.signal_name: Optional[str] = None
         self._previous: dict = {}
         self._at_once = False
+        self._during = FIRST_STEP
         self._redelivered = False  # the handler's next call is a repeat from _raise_again_later
 
     @contextlib.contextmanager
-    def at_once(self, when: bool = True) -> Iterator[None]:
-        """Within the block (when ``when``), a signal raises :class:`StoppedAtOnce` instead of waiting for the step."""
-        self._at_once = when
+    def at_once(self, when: bool = True, during: str = FIRST_STEP) -> Iterator[None]:
+        """Within the block (when ``when``), a signal raises :class:`StoppedAtOnce` instead of waiting for the step;
+        ``during`` names the phase for its message (a run's data build, which has no step to finish, is another)."""
+        self._at_once, self._during = when, during
         try:
             if when and self.requested:
-                raise StoppedAtOnce(self.signal_name)
+                raise StoppedAtOnce(self.signal_name, during)
             yield
         finally:
             self._at_once = False
@@ -101,7 +104,7 @@ class GracefulStop:
         if self._at_once:
             self.signal_name = signal.Signals(signum).name
             self._raise_again_later(signum)
-            raise StoppedAtOnce(self.signal_name)
+            raise StoppedAtOnce(self.signal_name, self._during)
         if repeat:
             return  # the raise it repeats was not dropped: the at-once block is over
         if self.requested and signum == signal.SIGINT:

@@ -1,0 +1,43 @@
+"""Sudoku solution grids up to the Sudoku symmetries: the fingerprint by which both Sudoku generators
+(utils/data/sudoku.py, utils/data/sudoku_expert.py) keep test puzzles apart from training puzzles.
+
+Two solution grids related by a Sudoku symmetry (digit relabelling, row/column permutations, transpose) get the
+same fingerprint. For each pair of rows the map "digit in row i -> digit in row j at the same column" is a
+permutation whose cycle type survives relabelling and column moves; the sorted multisets over row pairs and over
+column pairs, taken as an unordered pair, also survive row moves and the transpose.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+_PAIR_I, _PAIR_J = np.triu_indices(9, 1)
+
+
+def grid_fingerprints(answers: np.ndarray) -> list[bytes]:
+    """Symmetry-invariant fingerprints of solved grids.
+
+    Args:
+        answers: [N, 81] digits 1..9 (any int dtype).
+    Returns:
+        N bytes objects; equal for equivalent grids (distinct grids rarely collide).
+    """
+    grids = answers.reshape(-1, 9, 9).astype(np.int64) - 1
+    n = len(grids)
+    codes = []
+    for g in (grids, grids.transpose(0, 2, 1)):
+        perm = np.empty((n, 36, 9), np.int64)
+        np.put_along_axis(perm, g[:, _PAIR_I, :], g[:, _PAIR_J, :], axis=2)
+        start = np.broadcast_to(np.arange(9), perm.shape)
+        x, cycle_len = start, np.zeros_like(perm)
+        for k in range(1, 10):
+            x = np.take_along_axis(perm, x, axis=2)
+            cycle_len = np.where((cycle_len == 0) & (x == start), k, cycle_len)
+        # Histogram of the 9 elements' cycle lengths, one decimal digit per length.
+        codes.append(np.sort((10 ** (cycle_len - 1)).sum(axis=2), axis=1))
+    rows, cols = codes
+    differs = rows != cols
+    first = differs.argmax(axis=1)[:, None]
+    rows_first = np.take_along_axis(rows, first, 1) <= np.take_along_axis(cols, first, 1)
+    lo, hi = np.where(rows_first, rows, cols), np.where(rows_first, cols, rows)
+    return [r.tobytes() for r in np.concatenate([lo, hi], axis=1)]
