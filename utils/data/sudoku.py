@@ -41,7 +41,9 @@ from tqdm import tqdm
 
 from utils.data import common
 from utils.data import sudoku_expert
+from utils.data import sudoku_grids
 from utils.data import sudoku_rating
+from utils.data.sudoku_symmetry import grid_fingerprints
 from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
                                csv_source, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import RATINGS_FIELD, DatasetError, band_name, rating_bands
@@ -53,6 +55,10 @@ VOCAB_SIZE = 11  # pad, blank, digits 1..9
 CSV_HEADER = ["source", "question", "answer", "rating"]
 MAX_BLANKS = 81 - 17  # no 9x9 Sudoku with fewer than 17 clues has a unique solution
 MAX_ATTEMPTS = 200  # full grids tried per puzzle before giving up on the blank and rating bounds
+# The highest --min-rating the expert generator takes (on its default scale, utils/data/sudoku_rating.rate): its
+# hardest puzzles rate about 500 (docs/data.md), and a floor out of its reach would end only after minutes of
+# searching, in its "chains in a row found no puzzle" error.
+EXPERT_MAX_FLOOR = 1000
 _ALL_DIGITS = 0x3FE  # digits 1..9 as bits 1..9
 
 
@@ -136,45 +142,6 @@ def generate_distinct(count: int, seed: int, stream: int, min_blanks: int, max_b
                    minimal=minimal, min_rating=min_rating, max_rating=max_rating)
     return common.generate_distinct(work, lambda q, a: grid_fingerprints(a[None])[0], count, workers, exclude, desc,
                                     unit="puzzle", chunksize=8)
-
-
-# ----------------------------------------------------------------------------------------
-# Equivalence fingerprint: two solution grids related by a Sudoku symmetry (digit relabelling,
-# row/column permutations, transpose) get the same fingerprint. For each pair of rows the map
-# "digit in row i -> digit in row j at the same column" is a permutation whose cycle type
-# survives relabelling and column moves; the sorted multisets over row pairs and over column
-# pairs, taken as an unordered pair, also survive row moves and the transpose.
-
-_PAIR_I, _PAIR_J = np.triu_indices(9, 1)
-
-
-def grid_fingerprints(answers: np.ndarray) -> list[bytes]:
-    """Symmetry-invariant fingerprints of solved grids.
-
-    Args:
-        answers: [N, 81] digits 1..9 (any int dtype).
-    Returns:
-        N bytes objects; equal for equivalent grids (distinct grids rarely collide).
-    """
-    grids = answers.reshape(-1, 9, 9).astype(np.int64) - 1
-    n = len(grids)
-    codes = []
-    for g in (grids, grids.transpose(0, 2, 1)):
-        perm = np.empty((n, 36, 9), np.int64)
-        np.put_along_axis(perm, g[:, _PAIR_I, :], g[:, _PAIR_J, :], axis=2)
-        start = np.broadcast_to(np.arange(9), perm.shape)
-        x, cycle_len = start, np.zeros_like(perm)
-        for k in range(1, 10):
-            x = np.take_along_axis(perm, x, axis=2)
-            cycle_len = np.where((cycle_len == 0) & (x == start), k, cycle_len)
-        # Histogram of the 9 elements' cycle lengths, one decimal digit per length.
-        codes.append(np.sort((10 ** (cycle_len - 1)).sum(axis=2), axis=1))
-    rows, cols = codes
-    differs = rows != cols
-    first = differs.argmax(axis=1)[:, None]
-    rows_first = np.take_along_axis(rows, first, 1) <= np.take_along_axis(cols, first, 1)
-    lo, hi = np.where(rows_first, rows, cols), np.where(rows_first, cols, rows)
-    return [r.tobytes() for r in np.concatenate([lo, hi], axis=1)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -362,10 +329,17 @@ def rating_summary(ratings: np.ndarray, scale: str) -> dict:
 
 
 def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | None, max_rating: int | None,
-                  min_difficulty: int | None, minimal: bool, generate: bool, expert: bool = False) -> int | None:
+                  min_difficulty: int | None, minimal: bool, generate: bool, expert: bool = False,
+                  rating_scale: str = "singles") -> int | None:
     """``min_rating`` after folding in its deprecated name ``min_difficulty``; raises DatasetError for blank or
-    rating bounds out of range or out of order, for ``minimal`` or ``expert`` without ``generate``, and for bounds
-    that ``expert`` does not take."""
+    rating bounds out of range or out of order, for ``minimal`` or ``expert`` without ``generate``, for bounds
+    that ``expert`` does not take, and for a rating scale other than "singles" without ``expert``."""
+    if rating_scale not in sudoku_rating.RATING_SCALES:
+        raise DatasetError(f"--rating-scale must be one of {', '.join(sudoku_rating.RATING_SCALES)}, "
+                           f"got {rating_scale!r}")
+    if rating_scale != "singles" and not expert:
+        raise DatasetError(f"--rating-scale {rating_scale} sets what the expert generator climbs on: use it with "
+                           "--generate --expert")
     if not 0 <= min_blanks <= MAX_BLANKS:
         raise DatasetError(f"--min-blanks must be in [0, {MAX_BLANKS}] (a unique Sudoku needs 17 clues), got {min_blanks}")
     if max_blanks is not None and not min_blanks <= max_blanks <= MAX_BLANKS:
@@ -387,28 +361,34 @@ def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | Non
         raise DatasetError("--expert generates puzzles: use it with --generate, not with CSVs")
     if expert and (max_blanks is not None or max_rating is not None):
         raise DatasetError("--expert makes minimal puzzles rated >= --min-rating: drop --max-blanks and --max-rating")
+    if expert and rating_scale == "singles" and (min_rating or 0) > EXPERT_MAX_FLOOR:
+        raise DatasetError(f"--min-rating {min_rating} is out of the expert generator's reach: its hardest puzzles "
+                           f"rate about 500 on this scale, the hardest known ones less (Easter Monster 178); give at "
+                           f"most {EXPERT_MAX_FLOOR} (the default is {sudoku_expert.MIN_RATING})")
     return min_rating
 
 
 def _source_puzzles(source_dir, generate: bool, train_size: int, test_size: int, min_blanks: int,
                     max_blanks: int | None, minimal: bool, min_rating: int | None, max_rating: int | None, seed: int,
-                    workers: int, expert: bool = False) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
+                    workers: int, expert: bool = False,
+                    rating_scale: str = "singles") -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
                                                                  tuple[np.ndarray, np.ndarray, np.ndarray], str]:
     """Training and test puzzles, generated or read from ``source_dir``'s CSVs: ``(train, test, scale)``, each
     split ``(questions, answers, ratings)`` (uint8 [N, 81], uint8 [N, 81], int64 [N]), and the name of the rating
     scale for ``dataset.json``."""
     if generate:
         if expert:  # whole solution grids go to one split: no test puzzle is equivalent to a training puzzle
-            floor = sudoku_expert.MIN_RATING if min_rating is None else min_rating
-            make = partial(sudoku_expert.generate_expert, seed=seed, min_rating=floor, workers=workers)
+            floor = sudoku_expert.MIN_RATINGS[rating_scale] if min_rating is None else min_rating
+            make = partial(sudoku_expert.generate_expert, seed=seed, min_rating=floor, workers=workers,
+                           search=sudoku_expert.SEARCHES[rating_scale])
         else:
             make = partial(generate_distinct, seed=seed, min_blanks=min_blanks, max_blanks=max_blanks,
                                workers=workers, minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
         train_q, train_a, test_q, test_a = common.generate_train_test(
             lambda count, stream, exclude, desc: make(count, stream=stream, exclude=exclude, desc=desc),
             train_size, test_size, workers, "expert puzzles" if expert else "puzzles")
-        train_r, test_r = sudoku_rating.rate_many(train_q), sudoku_rating.rate_many(test_q)
-        return (train_q, train_a, train_r), (test_q, test_a, test_r), "solver guesses (utils/data/sudoku_rating.rate)"
+        train_r, test_r = sudoku_rating.rate_many(train_q, rating_scale), sudoku_rating.rate_many(test_q, rating_scale)
+        return (train_q, train_a, train_r), (test_q, test_a, test_r), sudoku_rating.RATING_SCALES[rating_scale]
     source_dir = Path(source_dir)
     return (read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating),
             read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating), "rating column of the source CSV")
@@ -427,7 +407,7 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                   minimal: bool = False, min_rating: int | None = None, max_rating: int | None = None,
                   min_difficulty: int | None = None, subsample_size: int | None = None, num_aug: int = 0, seed: int = 0,
                   workers: int = 1, overwrite: bool = False, repo: str | None = None,
-                  revision: str | None = None, expert: bool = False) -> Path:
+                  revision: str | None = None, expert: bool = False, rating_scale: str = "singles") -> Path:
     """Build a Sudoku dataset at ``output_dir`` from Sudoku-Extreme CSVs (the Hugging Face Hub's, or a local copy) or
     by generation.
 
@@ -437,8 +417,10 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     symmetries) to a training grid, so no test puzzle is a training puzzle or an augmentation of one.
     Each split's ``dataset.json`` also holds its rating distribution (:func:`rating_summary`; generated
     puzzles rated by :func:`utils.data.sudoku_rating.rate`, CSV rows by their ``rating`` column), which is
-    printed at the end. A Hub build's ``dataset.json`` also records, under ``source``, the repo, the commit and each
-    CSV's SHA-256 and rows; its other files are byte-identical to a ``source_dir`` build of the same CSVs.
+    printed at the end; an ``expert`` build's also records under ``grids`` its distinct solution grids and the
+    test grids equivalent to a training grid (0), by exact canonical forms (utils/data/sudoku_grids.py). A Hub
+    build's ``dataset.json`` also records, under ``source``, the repo, the commit and each CSV's SHA-256 and rows;
+    its other files are byte-identical to a ``source_dir`` build of the same CSVs.
 
     Args:
         output_dir: dataset root to create (see utils/data/puzzle_dataset.py for the layout).
@@ -451,6 +433,8 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
             ``max_blanks``); ``min_blanks``/``max_blanks`` then only select among minimal puzzles.
         expert: ``generate`` only: expert puzzles (utils/data/sudoku_expert.py), minimal and rated at least
             ``min_rating`` (default 20, ratings then have a median near 60); about a second of CPU each.
+        rating_scale: ``expert`` only: "tdoku" climbs on, floors and records tdoku's guesses (Sudoku-Extreme's
+            scale; default floor 10) instead of "singles", this project's solver's (utils/data/sudoku_rating.py).
         min_rating, max_rating: keep puzzles rated in this range (None: unbounded): generated ones by
             rejection, CSV rows by their ``rating`` column.
         min_difficulty: deprecated name of ``min_rating``.
@@ -469,32 +453,38 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                            {"train_size": (train_size, 1), "test_size": (test_size, 1), "num_aug": (num_aug, 0),
                             "seed": (seed, 0), "workers": (workers, 1)}, subsample_size, repo, revision)
     min_rating = _check_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate,
-                               expert)
+                               expert, rating_scale)
     check_output_dir(output_dir, overwrite)
     source = csv_source(source_dir, generate, repo or HUB_REPO, revision)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     (train_q, train_a, train_r), (test_q, test_a, test_r), scale = _source_puzzles(
         source.directory, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
-        seed, workers, expert)
+        seed, workers, expert, rating_scale)
     # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
     keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
                                         subsample_rng, "puzzles")
     train_q, train_a, train_r = train_q[keep], train_a[keep], train_r[keep]
 
     summaries = {"train": rating_summary(train_r, scale), "test": rating_summary(test_r, scale)}
-    with staged_dataset(output_dir) as staging:
+    grids = sudoku_grids.grid_summary(train_a, test_a) if expert else None  # exact, by canonical forms
+    with staged_dataset(output_dir, overwrite) as staging:
         _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
         _write_split(staging / "test", test_q, test_a, 0, augment_rng)
         np.save(staging / "test" / f"all__{RATINGS_FIELD}.npy", test_r)  # accuracy by rating band
         for split, summary in summaries.items():
             add_to_metadata(staging / split, "ratings", summary)
+            if grids is not None:
+                add_to_metadata(staging / split, "grids", grids)
             if source.record is not None:
                 add_to_metadata(staging / split, "source", source.record)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
     print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
     _print_ratings(summaries)
+    if grids is not None:
+        print(f"solution grids (up to symmetry): train {grids['train_distinct']}, test {grids['test_distinct']}, "
+              f"test grids equivalent to a training grid {grids['test_shared_with_train']}")
     return output_dir
 
 
@@ -550,6 +540,10 @@ def main(argv: list[str] | None = None) -> Path:
                              "(utils/data/sudoku_expert.py), rated >= --min-rating (default 20) with a median near 60; "
                              "about a second of CPU each")
     parser.add_argument("--workers", type=int, default=1, help="--generate only: worker processes (default 1)")
+    parser.add_argument("--rating-scale", choices=sorted(sudoku_rating.RATING_SCALES), default="singles",
+                        help="--expert only: whose guesses the climb, --min-rating and the recorded ratings count: "
+                             "singles (this project's solver, default) or tdoku (Sudoku-Extreme's scale; default "
+                             "--min-rating 10)")
     args = parser.parse_args(argv)
     return build_dataset(
         args.output_dir, source_dir=args.source_dir, generate=args.generate, train_size=args.train_size,
@@ -557,4 +551,5 @@ def main(argv: list[str] | None = None) -> Path:
         min_rating=args.min_rating, max_rating=args.max_rating, min_difficulty=args.min_difficulty,
         subsample_size=args.subsample_size, num_aug=args.num_aug, seed=args.seed, workers=args.workers,
         overwrite=args.overwrite, repo=args.repo, revision=args.revision, expert=args.expert,
+        rating_scale=args.rating_scale,
     )

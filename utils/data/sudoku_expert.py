@@ -19,20 +19,25 @@ hardest in a pool). Here each *chain* keeps one solution grid and climbs:
    ``min_rating`` is kept; the chain stops after ``per_grid`` kept puzzles, or after ``patience`` neighbours
    without one (:class:`ExpertSearch`).
 
+With ``ExpertSearch.rating_scale = "tdoku"`` (:data:`TDOKU_SEARCH`) the trees, the ratings and the floor are
+tdoku's guesses (utils/data/sudoku_tdoku.py, Sudoku-Extreme's scale), ties are broken by the band configurations
+tdoku's propagation leaves open, and moves drop up to two clues. tdoku's tree depends on the labelling (it
+branches on the lowest digit among equals), so a chain may favour an unlucky one; tdoku's own generator averages
+over random relabellings instead. The bias is small: held-out puzzles keep most of their rating under random
+relabellings and shuffles (docs/data.md).
+
 Each chain is a generator whose searches :func:`~utils.data.sudoku_rating.run_jobs` answers with the compiled
 search (utils/data/sudoku_jit.py). Chain k of a stream draws only from the RNG seeded
 ``[seed, stream, k, 44]``, so the puzzles do not depend on the number of worker processes. The puzzles of one
 chain share its solution grid, and :func:`generate_expert` keeps or skips a chain's puzzles together by that grid's
-symmetry-invariant fingerprint (:func:`utils.data.sudoku.grid_fingerprints`): training and test sets generated with
-the fingerprints of one passed to the other never hold puzzles of the same or of equivalent grids, so no test
-puzzle is equivalent to a training puzzle (equivalent puzzles have equivalent solutions).
+symmetry-invariant fingerprint (:func:`utils.data.sudoku_symmetry.grid_fingerprints`): training and test sets
+generated with the fingerprints of one passed to the other never hold puzzles of the same or of equivalent grids, so
+no test puzzle is equivalent to a training puzzle (equivalent puzzles have equivalent solutions).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import multiprocessing
 from dataclasses import dataclass
 from functools import partial
 from typing import Generator
@@ -40,13 +45,15 @@ from typing import Generator
 import numpy as np
 from tqdm import tqdm
 
-from utils.data import sudoku as builder
 from utils.data import sudoku_rating
-from utils.data.common import _plain_signals
+from utils.data.common import worker_pool
 from utils.data.puzzle_dataset import DatasetError
+from utils.data.sudoku_symmetry import grid_fingerprints
 from utils.data.sudoku_rating import Query, SearchResult
 
 MIN_RATING = 20   # the default floor on utils/data/sudoku_rating.rate
+MIN_RATINGS = {"singles": MIN_RATING, "tdoku": 10}  # the default floor on each rating scale
+_REACH = {"singles": "20-300", "tdoku": "5-40"}  # what the chains reach on each scale, for messages
 _STREAM_TAG = 44  # keeps these RNG streams apart from generate_puzzle's [seed, stream, index]
 
 
@@ -62,6 +69,10 @@ class ExpertSearch:
         patience: neighbours a chain tries without keeping a puzzle before it gives up.
         chains_per_task: chains a worker process runs in one task (the unit of work handed to a worker).
         give_up: chains in a row without a puzzle after which generation stops with an error.
+        rating_scale: whose guesses the trees, the ratings and ``min_rating`` count
+            (utils/data/sudoku_rating.RATING_SCALES): "singles" or "tdoku".
+        max_drop: a move drops 1 to this many clues (drawn uniformly); more than 1 lets a chain leave a local
+            maximum, which tdoku's scale needs.
     """
 
     tree_target: int = 60
@@ -70,6 +81,15 @@ class ExpertSearch:
     patience: int = 160
     chains_per_task: int = 32
     give_up: int = 512
+    rating_scale: str = "singles"
+    max_drop: int = 1
+
+
+# The climb on tdoku's scale (Sudoku-Extreme's): its trees are far smaller than ours, and moves of one clue stall
+# near trees of 10, so moves drop up to two clues and chains wait longer. With MIN_RATINGS["tdoku"] = 10, held-out
+# ratings have a median near 17 (docs/data.md).
+TDOKU_SEARCH = ExpertSearch(tree_target=20, patience=320, rating_scale="tdoku", max_drop=2)
+SEARCHES = {"singles": ExpertSearch(), "tdoku": TDOKU_SEARCH}  # the default search for each rating scale
 
 
 # A chain's steps: each yields a search or a list of searches and sub-steps, and is sent their results.
@@ -99,20 +119,26 @@ def _constrain(puzzle: np.ndarray, solution: np.ndarray, rng: np.random.Generato
         puzzle[cell] = solution[cell]
 
 
-def _score(puzzle: np.ndarray) -> Job:
-    """How a chain ranks a puzzle: (its search tree, the blanks singles leave). Among small trees, which are
-    often equal, the second tells the puzzles on which singles stall, and those grow large trees sooner."""
-    tree = (yield Query(puzzle.copy(), 2)).guesses
-    return tree, sudoku_rating.singles_left(puzzle)
+def _score(puzzle: np.ndarray, scale: str) -> Job:
+    """How a chain ranks a puzzle: (its search tree, what propagation leaves open), both on ``scale``. Among small
+    trees, which are often equal, the second tells the puzzles on which propagation stalls, and those grow large
+    trees sooner."""
+    tree = (yield Query(puzzle.copy(), 2, scale=scale)).guesses
+    return tree, sudoku_rating.left_open(puzzle, scale)
 
 
-def _neighbour(parent: np.ndarray, solution: np.ndarray, seed: int) -> Job:
-    """``parent`` with one clue dropped, made unique again and minimized; returns it and its :func:`_score`."""
+def _neighbour(parent: np.ndarray, solution: np.ndarray, seed: int, search: ExpertSearch) -> Job:
+    """``parent`` with 1 to ``search.max_drop`` clues dropped, made unique again and minimized; returns it and its
+    :func:`_score`."""
     rng = np.random.default_rng(seed)
     child = parent.copy()
-    child[rng.choice(np.flatnonzero(child))] = 0
+    clues = np.flatnonzero(child)
+    if search.max_drop == 1:  # one draw, as before there was a choice: the same puzzles for a seed
+        child[rng.choice(clues)] = 0
+    else:
+        child[rng.choice(clues, size=rng.integers(1, search.max_drop + 1), replace=False)] = 0
     child = yield from _minimize((yield from _constrain(child, solution, rng)), rng)
-    return child, (yield from _score(child))
+    return child, (yield from _score(child, search.rating_scale))
 
 
 def _chain(index: int, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> Job:
@@ -120,17 +146,17 @@ def _chain(index: int, seed: int, stream: int, min_rating: int, search: ExpertSe
     rng = np.random.default_rng([seed, stream, index, _STREAM_TAG])
     solution = np.array(sudoku_rating.search([0] * 81, rng=rng).solution, np.uint8)
     start = yield from _minimize(solution.copy(), rng)
-    best = ((yield from _score(start)), start)
+    best = ((yield from _score(start, search.rating_scale)), start)
     seen = {start.tobytes()}
     target, kept, idle = max(search.tree_target, 2 * min_rating), [], 0
     while len(kept) < search.per_grid and idle < search.patience:
         seeds = rng.integers(2**63, size=search.moves).tolist()
-        moved = yield [_neighbour(best[1], solution, s) for s in seeds]
+        moved = yield [_neighbour(best[1], solution, s, search) for s in seeds]
         fresh = [(score, child) for child, score in moved if child.tobytes() not in seen]
         seen.update(child.tobytes() for _, child in fresh)
         best = max([best, *fresh], key=lambda entry: entry[0])
         hard = [child for (tree, _), child in fresh if tree >= target]
-        rated = yield [Query(child.copy(), 1) for child in hard]
+        rated = yield [Query(child.copy(), 1, scale=search.rating_scale) for child in hard]
         new = [(child, found.guesses) for child, found in zip(hard, rated) if found.guesses >= min_rating]
         kept += new
         idle = 0 if new else idle + search.moves
@@ -157,7 +183,7 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
 
     Args:
         count: puzzles to return, >= 1.
-        min_rating: the floor on :func:`utils.data.sudoku_rating.rate`, >= 0.
+        min_rating: the floor on :func:`utils.data.sudoku_rating.rate` on ``search.rating_scale``, >= 0.
         workers: processes, >= 1.
         exclude: grid fingerprints whose puzzles are not wanted (e.g. the training set's, for a test set).
         search: how the chains search.
@@ -171,22 +197,23 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
     questions, answers = [], []
     work = partial(_run_task, seed=seed, stream=stream, min_rating=min_rating, search=search)
     next_task, barren = 0, 0
-    with (multiprocessing.Pool(workers, _plain_signals) if workers > 1 else contextlib.nullcontext()) as pool, \
+    with worker_pool(workers) as pool, \
             tqdm(total=count, desc=desc, unit="puzzle") as bar:
         while len(questions) < count:
             # Enough tasks for the puzzles still missing if half the chains keep per_grid each; at least one a worker.
             tasks = max(workers, math.ceil((count - len(questions)) / (search.chains_per_task * search.per_grid / 2)))
             batch = range(next_task, next_task + tasks)
             next_task = batch.stop
-            for results in (pool.imap(work, batch) if pool else map(work, batch)):
+            for results in pool.imap(work, batch):
                 for solution, kept in results:
                     if len(questions) == count:
                         break
                     barren = barren + 1 if not kept else 0
                     if barren >= search.give_up:
                         raise DatasetError(f"{search.give_up} chains in a row found no puzzle rated >= {min_rating} "
-                                           "(--min-rating); lower it (expert puzzles rate 20-300)")
-                    key = builder.grid_fingerprints(solution[None])[0]
+                                           f"(--min-rating) on the {search.rating_scale} scale; lower it (expert "
+                                           f"puzzles rate {_REACH[search.rating_scale]})")
+                    key = grid_fingerprints(solution[None])[0]
                     if not kept or key in seen:
                         continue
                     seen.add(key)

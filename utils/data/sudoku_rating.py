@@ -18,8 +18,9 @@ what the compiled search is checked against (tests/test_sudoku_rating.py: every 
 
 The rating follows Sudoku-Extreme (Hugging Face ``sapientinc/sudoku-extreme``; HRM, Wang et al. 2025,
 arXiv 2506.21734, Sec. 3), which rates each puzzle by the backtracks a solver (tdoku) needs and keeps the
-ones that need search. Ours counts the guesses of the solver above; a Sudoku-Extreme CSV's ``rating`` column
-comes from another solver with other rules, so the two scales agree only in spirit.
+ones that need search. Two scales (:data:`RATING_SCALES`): ``"singles"``, the guesses of the solver above, and
+``"tdoku"``, the guesses of tdoku's own search (utils/data/sudoku_tdoku.py: locked candidates and the band
+configurations make its propagation much stronger), the scale of a Sudoku-Extreme CSV's ``rating`` column.
 """
 
 from __future__ import annotations
@@ -29,7 +30,11 @@ from typing import Generator, Iterable, Sequence
 
 import numpy as np
 
-from utils.data import sudoku_jit
+from utils.data import sudoku_jit, sudoku_tdoku
+
+# What each rating scale counts, as dataset.json records it.
+RATING_SCALES = {"singles": "solver guesses (utils/data/sudoku_rating.rate)",
+                 "tdoku": "tdoku guesses (utils/data/sudoku_rating.rate, scale tdoku: Sudoku-Extreme's scale)"}
 
 _FULL = sudoku_jit.FULL
 # The compiled search's tables as Python lists (indexing a list is faster than an array in this loop).
@@ -143,8 +148,29 @@ def singles_left(cells) -> int:
     return sudoku_jit.singles_left(np.asarray(cells, np.int64).reshape(81))
 
 
+def _check_scale(scale: str) -> str:
+    """``scale``, when it is one of :data:`RATING_SCALES`; else ValueError."""
+    if scale not in RATING_SCALES:
+        raise ValueError(f"unknown rating scale {scale!r}; choose one of {', '.join(RATING_SCALES)}")
+    return scale
+
+
+def left_open(cells, scale: str = "singles") -> int:
+    """What a scale's propagation leaves open on a puzzle before any guess: :func:`singles_left` for "singles",
+    tdoku's band configurations left beyond a solved grid's 54 for "tdoku"; 0 when propagation solves it, -1 on a
+    contradiction (or clues that repeat a digit). Finer than the guesses among easy puzzles.
+
+    Raises:
+        ValueError: an unknown ``scale``.
+    """
+    if _check_scale(scale) == "singles":
+        return singles_left(cells)
+    cells = np.asarray(cells, np.int64).reshape(81)
+    return sudoku_tdoku.open_configurations(cells) if is_consistent(cells) else -1
+
+
 def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
-           rng: np.random.Generator | None = None) -> SearchResult:
+           rng: np.random.Generator | None = None, scale: str = "singles") -> SearchResult:
     """Find up to ``limit`` solutions of a grid by propagation and search (see the module docstring).
 
     Args:
@@ -152,9 +178,15 @@ def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
         limit: stop after this many solutions (1: solve; 2: check uniqueness).
         exclude: (cell, digit): only solutions in which that cell holds another digit.
         rng: try a branch cell's digits in a random order drawn from it (increasing order when None).
+        scale: whose search, so whose guesses: "singles" (the one above) or "tdoku" (utils/data/sudoku_tdoku.py,
+            which takes neither ``exclude`` nor ``rng``). Both find the same solutions, maybe in another order.
     Returns:
         A :class:`SearchResult`; count 0 when the clues repeat a digit in a unit or have no solution.
+    Raises:
+        ValueError: an unknown ``scale``, or ``exclude``/``rng`` with scale "tdoku".
     """
+    if scale != "singles":
+        return _search_tdoku(cells, limit, exclude, rng, scale)
     if rng is None:  # the compiled search (utils/data/sudoku_jit.py): the same results as the recursion below
         ban = np.zeros(81, np.int64)
         if exclude is not None:
@@ -162,6 +194,18 @@ def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
         count, guesses, first, last = sudoku_jit.search(np.asarray(cells, np.int64).reshape(81), limit, ban)
         return SearchResult(count, first.tolist() if count else None, guesses, last.tolist() if count else None)
     return _search_python(cells, limit, exclude, rng)
+
+
+def _search_tdoku(cells, limit: int, exclude, rng, scale: str) -> SearchResult:
+    """:func:`search` with tdoku's search (utils/data/sudoku_tdoku.py), which assumes clues that do not clash."""
+    _check_scale(scale)
+    if exclude is not None or rng is not None:
+        raise ValueError("tdoku's search takes neither exclude nor rng")
+    cells = np.asarray(cells, np.int64).reshape(81)
+    if not is_consistent(cells):
+        return SearchResult(0, None, 0)
+    count, guesses, first, last = sudoku_tdoku.search(cells, limit)
+    return SearchResult(count, first.tolist() if count else None, guesses, last.tolist() if count else None)
 
 
 def _search_python(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
@@ -225,7 +269,7 @@ def is_consistent(cells) -> bool:
     return _start(cells) is not None
 
 
-def rate(cells) -> int:
+def rate(cells, scale: str = "singles") -> int:
     """Difficulty of a puzzle: the guesses the solver makes before its first solution.
 
     Exactly: the number of digits placed at branch cells (the first blank cell with the fewest candidates
@@ -236,14 +280,18 @@ def rate(cells) -> int:
     shuffled, transposed); the value above 0 depends on the labelling and the cell order. In the spirit
     of Sudoku-Extreme's backtrack count (HRM, arXiv 2506.21734), which keeps puzzles that need search.
 
+    With ``scale="tdoku"``, the branch points of tdoku's search before its first solution
+    (utils/data/sudoku_tdoku.py), the number tdoku's ``SolveSudoku(puzzle, 1, ...)`` reports: Sudoku-Extreme's scale.
+
     Args:
         cells: 81 digits (any int sequence or array), 0 = blank, row-major; meant for a unique puzzle.
+        scale: "singles" or "tdoku" (:data:`RATING_SCALES`).
     Returns:
         the guess count, >= 0.
     Raises:
-        ValueError: the puzzle has no solution (or its clues repeat a digit).
+        ValueError: the puzzle has no solution (or its clues repeat a digit); an unknown ``scale``.
     """
-    result = search(cells, 1)
+    result = search(cells, 1, scale=scale)
     if not result.count:
         raise ValueError("cannot rate a Sudoku without a solution")
     return result.guesses
@@ -261,11 +309,13 @@ class Query:
         cells: 81 digits, 0 = blank (read when the search starts).
         limit: stop after this many solutions.
         exclude: (cell, digit): only solutions in which that cell holds another digit.
+        scale: whose search counts the guesses (:data:`RATING_SCALES`).
     """
 
     cells: Sequence[int]
     limit: int = 1
     exclude: tuple[int, int] | None = None
+    scale: str = "singles"
 
 
 def run_jobs(jobs: Iterable[Generator]) -> list:
@@ -293,7 +343,7 @@ def _drive(job: Generator):
 
 
 def _answer(query: Query) -> SearchResult:
-    return search(query.cells, query.limit, query.exclude)
+    return search(query.cells, query.limit, query.exclude, scale=query.scale)
 
 
 def search_many(queries: Iterable[Query]) -> list[SearchResult]:
@@ -301,17 +351,18 @@ def search_many(queries: Iterable[Query]) -> list[SearchResult]:
     return [_answer(q) for q in queries]
 
 
-def rate_many(puzzles) -> np.ndarray:
+def rate_many(puzzles, scale: str = "singles") -> np.ndarray:
     """:func:`rate` of each puzzle.
 
     Args:
         puzzles: int [N, 81] digits, 0 = blank.
+        scale: "singles" or "tdoku" (:data:`RATING_SCALES`).
     Returns:
         int64 [N] guess counts.
     Raises:
         ValueError: a puzzle has no solution (or its clues repeat a digit); the message gives its row.
     """
-    results = search_many(Query(p) for p in np.asarray(puzzles).reshape(-1, 81))
+    results = search_many(Query(p, scale=scale) for p in np.asarray(puzzles).reshape(-1, 81))
     unsolved = [k for k, r in enumerate(results) if not r.count]
     if unsolved:
         raise ValueError(f"cannot rate a Sudoku without a solution (row {unsolved[0]})")
