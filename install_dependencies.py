@@ -85,7 +85,26 @@ GB_PER_BUILD_JOB = 4  # one nvcc job can take several GB of RAM; more jobs than 
 
 
 class InstallError(Exception):
-    """A problem the user must fix by hand (bad requirement file, broken torch, unusable --python)."""
+    """A problem the user must fix by hand (bad requirement file, broken torch); exit code 1."""
+
+    exit_code = 1
+
+
+class ArgumentError(InstallError):
+    """An argument that cannot work (an interpreter that does not run, a requirements folder or file that is not
+    there); exit code 2, like a flag the parser refuses."""
+
+    exit_code = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose refusal of a flag is one ``error:`` line and exit code 2 (not the usage block), as the
+    project's commands give it (utils/cli.py, which this file cannot import: it runs before the project's
+    requirements are there)."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see {self.prog} --help)", file=sys.stderr, flush=True)
+        raise SystemExit(2)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -126,7 +145,8 @@ def parse_requirements(path: Path) -> list[Requirement]:
         InstallError: the file is missing or uses an option this installer does not handle.
     """
     if not path.is_file():
-        raise InstallError(f"requirements file {path} not found: run the installer from a full checkout of the repo")
+        raise ArgumentError(f"requirements file {path} not found: run the installer from a full checkout of the "
+                            "repo, or give --requirements-dir the folder that holds it")
     reqs: list[Requirement] = []
     for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = re.sub(r"(^|\s)#.*$", "", raw).strip()
@@ -382,7 +402,7 @@ def probe_torch(python: str) -> dict:
     :class:`PlatformInfo` (plus ``compute_capability`` when torch sees a GPU)."""
     out = _capture([python, "-c", _TORCH_PROBE], timeout=300)
     if out is None:
-        raise InstallError(f"cannot run {python}: pass an existing interpreter with --python")
+        raise ArgumentError(f"cannot run {python}: pass an existing interpreter with --python")
     rc, stdout, stderr = out
     if rc == 0:
         return json.loads(stdout.strip().splitlines()[-1]) | {"torch_error": None}
@@ -467,7 +487,7 @@ def detect_platform(python: str) -> PlatformInfo:
     """
     out = _capture([python, "-c", "import platform; print(platform.python_version())"])
     if out is None or out[0] != 0:
-        raise InstallError(f"cannot run {python}: pass an existing interpreter with --python")
+        raise ArgumentError(f"cannot run {python}: pass an existing interpreter with --python")
     system, machine = platform.system(), platform.machine()
     # Same check as utils.device.is_apple_silicon, repeated because that module imports torch.
     rosetta = system == "Darwin" and machine == "x86_64" and _is_rosetta()
@@ -1593,9 +1613,8 @@ def describe_result(report: dict) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line options (see --help)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog=__doc__.split("\n\n", 1)[1])
+    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+               epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("--dry-run", action="store_true", help="print the plan (every pip command) and change nothing")
     p.add_argument("--platform", choices=("auto",) + PLATFORMS, default="auto",
                    help="plan for this platform instead of the detected one (other platforms only with --dry-run; "
@@ -1613,10 +1632,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse, before any probe, a ``--requirements-dir`` that is not a folder and an ``--optional`` file that is not
+    there (``--python`` is the first thing :func:`detect_platform` runs).
+
+    Raises:
+        ArgumentError: naming the flag and what to give.
+    """
+    if not args.requirements_dir.is_dir():
+        raise ArgumentError(f"--requirements-dir {args.requirements_dir} is not a folder: give the folder that holds "
+                            "requirements*.txt (default: the repo root)")
+    if args.optional is not None and not args.optional.is_file():
+        raise ArgumentError(f"--optional {args.optional} not found: give a requirements file")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit code (0 healthy, 1 broken base environment, 2 bad arguments)."""
     args = parse_args(argv)
     try:
+        check_arguments(args)
         info = detect_platform(args.python)
         if args.platform != "auto":
             if not args.dry_run and args.platform not in (info.kind, "cpu"):
@@ -1631,7 +1665,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(info, reqs, installed_versions(args.python), cuda_extras=not args.no_cuda_extras)
     except InstallError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_code
 
     print("Platform\n" + "\n".join(describe_platform(info)))
     print(("Plan (dry run: nothing will be changed)" if args.dry_run else "Plan") + "\n"

@@ -43,9 +43,10 @@ from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, 
                             pck_field, protocol_episodes)
 from utils.hardware_optimizer import resolve_hardware_profile
 from utils.outputs import check_writable_file
-from utils.run import faults
+from utils.run import points
 from utils.checkpoint import safe_load
 from utils.run.checkpointer import Best, Checkpointer
+from utils.run.estimate import BACKWARD_PER_FORWARD, Estimate, StepPace, counted_flops, matmul_rate
 from utils.run.guard import NonFiniteGuard
 from utils.run.main import run_main
 from utils.run.metrics import MetricsWindow, MetricsWriter
@@ -369,8 +370,8 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
              desc: str, step: int | None = None, stop: Callable[[], bool] = lambda: False
              ) -> tuple[EpisodeEvaluator, EpisodeEvaluator, tuple | None]:
     """Score the model (last decoder layer) and the copy-support baseline with the papers' protocol. ``desc``
-    names the split (``val``, ``test``), and with ``step`` (the training step) the point ``RUN_SIGNAL_AT`` can name
-    (utils/run/faults.py). The scoring ends early, after the batch where ``stop()`` is true (a signal that stops
+    names the split (``val``, ``test``), and with ``step`` (the training step) the run's point that the first batch
+    reaches (utils/run/points.py). The scoring ends early, after the batch where ``stop()`` is true (a signal that stops
     the run: the caller then scores nothing).
 
     Returns the two evaluators (``pck()`` is the split's number, a fraction) and the first batch with its
@@ -390,7 +391,7 @@ def evaluate(model, split: MP100Split, loader: DataLoader, amp: AmpPolicy, devic
         if first is None:
             first = (batch, pred)
             if step is not None:
-                faults.reach(desc, step)
+                points.reach(desc, step)
         if stop():
             break
     model.train(was_training)
@@ -599,6 +600,23 @@ def report_start(args, plan: Plan, data: CapeData, state: CapeTrainState, sessio
     plan.save(session.run.path / "plan.yaml")
 
 
+def report_length(args, data: CapeData, state: CapeTrainState, device: torch.device, total_steps: int,
+                  processes: int) -> float:
+    """Say how long the rest of the schedule will take on this device from its FLOPs (utils/run/estimate.py, as the
+    puzzle trainer does; returned, in seconds). One episode's forward is counted on the run's model (eval mode, no
+    gradients: nothing of the run moves; the episode is drawn from its own seed), and a step is ``batch_size``
+    episodes over the processes, forward and backward (:data:`BACKWARD_PER_FORWARD`)."""
+    episode = to_device(collate_episodes([data.train[0]]), device)
+    state.model.eval()
+    with torch.no_grad():
+        forward = counted_flops(lambda: run_model(state.model, episode, state.amp, device))
+    state.model.train()
+    per_step = forward * (1 + BACKWARD_PER_FORWARD) * args.batch_size / processes
+    estimate = Estimate(per_step, matmul_rate(device, state.amp.dtype or torch.float32), total_steps - state.step)
+    log.info(estimate.told(device))
+    return estimate.seconds
+
+
 def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
     """The whole run; returns 0 when the schedule (and the test) is done, ``stopper.exit_code`` when a signal stopped it."""
     clock = Clock()
@@ -614,18 +632,23 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
                                     lambda: {"args": vars(args)})
         if session.resume_path is not None:
             checkpointer.restore(state, session.resume_path)
+        flop_seconds = 0.0
         if rank.is_main:
             report_start(args, plan, data, state, session, total_steps)
+            flop_seconds = report_length(args, data, state, device, total_steps, rank.world_size)
+        pace = StepPace(state.step, total_steps, device, False, flop_seconds, log.info if rank.is_main else None)
         val_loader = eval_loader(data.splits["val"], "val", args, device) if rank.is_main else None
         position = state.position.value
         with MetricsWriter(session.path, enabled=rank.is_main, resume_step=state.step if session.continuing else None,
                            logger=args.logger, run_id=session.run and session.run.run_id, project="cape",
                            config=vars(args)) as metrics:
             state.model.train()
+            pace.begin()
             while position["epoch"] < args.epochs:
                 for micro_batches in data.epoch(state, args, device, rank):
-                    faults.reach("train", state.step + 1)
+                    points.reach("train", state.step + 1)
                     state.window.add(train_step(state, micro_batches, device, args, rank), 1)
+                    pace.step_done(state.step)
                     position["episode"] += args.batch_size
                     if state.window.due(state.step, total_steps):
                         log_train_point(state, metrics, data.bar)
@@ -648,7 +671,7 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     def body(rank: Dist, stopper: GracefulStop) -> int:
-        with faults.armed():  # this trainer's own entry: the test hook RUN_SIGNAL_AT may stop it
+        with points.program_run():  # this trainer's own entry: its points go to the watchers
             return train(argv, rank, stopper)
     return run_main(body)
 

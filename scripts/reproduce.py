@@ -47,6 +47,8 @@ from utils.run.main import cli_main  # noqa: E402
 
 RUN_ROOT = "checkpoints/reproduce"  # each row trains into RUN_ROOT/<row>, which its evaluation reads
 TIMED_STEP_S = 2.0  # the timed steps run at the batch this machine does in about this long (scaled to the real one)
+# The median of this many steps is as steady as that of more, and they take a few minutes at TIMED_STEP_S each.
+MAX_TIMED_STEPS = 100
 TIMING_IDENTIFIERS = 4096  # puzzle-embedding rows built for timing: a step reads only its batch's rows
 CONCEPT_ARC_REPO = "https://github.com/SamsungSAILMontreal/TinyRecursiveModels"
 CONCEPT_ARC = "data/raw/TinyRecursiveModels/kaggle/combined/arc-agi_concept_challenges.json"  # TRM's ConceptARC
@@ -369,12 +371,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="check the row's commands without training")
     parser.add_argument("--timed-steps", type=int, default=2, metavar="K",
                         help="training steps the dry run times on this machine, after one untimed step (default 2; "
-                             "0: no timing)")
+                             f"0: no timing; at most {MAX_TIMED_STEPS}, about {TIMED_STEP_S:g} s each)")
     args = parser.parse_args(argv)
     if not args.list and args.row is None:
         parser.error("name a row (see --list), or give --list")
-    if args.timed_steps < 0:
-        parser.error(f"--timed-steps must be 0 or more, got {args.timed_steps}")
+    if not 0 <= args.timed_steps <= MAX_TIMED_STEPS:
+        parser.error(f"--timed-steps must be 0 to {MAX_TIMED_STEPS} (each timed step takes about {TIMED_STEP_S:g} s, "
+                     f"and the median of {MAX_TIMED_STEPS} is as steady as that of more), got {args.timed_steps}")
     return args
 
 

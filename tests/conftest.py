@@ -4,15 +4,22 @@ drive a trainer in a subprocess.
 Every test names the device it means. Those of CUDA's own behaviour are marked ``gpu`` and skipped, with the
 reason, where there is none; any other test that starts using CUDA fails (on a GPU machine, a run that names no
 device would go there). A test that stops a run stops it at a step it chooses with ``RUN_SIGNAL_AT``
-(utils/run/faults.py, :func:`signal_at`), never by racing the run's pace: a tiny model's step takes milliseconds on
-a GPU."""
+(tests/signal_hook.py, :func:`signal_at`), never by racing the run's pace: a tiny model's step takes milliseconds on
+a GPU. The hook is the tests' alone: armed here for the session's own process, and in the processes the tests start
+by :func:`child_env`'s PYTHONPATH."""
 
 import os
+import signal
+from pathlib import Path
 
 import pytest
 import torch
 
+from tests import signal_hook
 from utils.data.sudoku import build_dataset
+
+signal_hook.install()  # for the trainers the tests run in this process
+HOOK_PATH = Path(__file__).resolve().parent / "run_hook"  # its sitecustomize arms the hook in a started process
 
 
 HAS_CUDA = torch.cuda.is_available()
@@ -62,10 +69,20 @@ def sudoku_dir(tmp_path_factory):
 
 def signal_at(point: str, step: int, signal_name: str, group: bool = False) -> dict[str, str]:
     """Environment entries that make a run send itself ``signal_name`` at ``point`` of step ``step`` (to its whole
-    process group with ``group``: start such a run with ``start_new_session=True``)."""
+    process group with ``group``: start such a run with ``start_new_session=True``), in an environment of
+    :func:`child_env`."""
     return {"RUN_SIGNAL_AT": f"{point}:{step}:{signal_name}" + (":group" if group else "")}
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    """The environment of a trainer subprocess: unbuffered output, one thread per process, and ``extra``."""
-    return dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
+    """The environment of a trainer subprocess: unbuffered output, one thread per process, the tests' hook on
+    PYTHONPATH (tests/run_hook: it arms ``RUN_SIGNAL_AT`` there, :func:`signal_at`), and ``extra``."""
+    path = os.pathsep.join(p for p in (str(HOOK_PATH), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **extra}
+
+
+def terminate_this_process() -> None:
+    """SIGTERM to this process, as ``kill`` or a scheduler sends it, where the command under test catches it (with
+    SIGTERM's default action it would end the test session rather than fail the test)."""
+    assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL, "SIGTERM is not handled: it would end the process"
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import pretrain
@@ -219,3 +220,18 @@ def test_paired_median_pairs_the_rounds_a_ratio_of_medians_would_not():
     ours, baseline = [1.0, 8.0, 3.0], [2.0, 16.0, 1.0]
     assert paired_median(ours, baseline) == 0.5 and paired_ratio(ours, baseline) == "0.50x"
     assert paired_median([1.0, 4.0, 2.0], [2.0, 2.0, 2.0]) == 1.0  # ratios 0.5, 2, 1: the middle one
+
+
+# ---- fault campaign 5 ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag,value", [("--segments", ""), ("--segments", ","), ("--rollouts", "2,0"),
+                                        ("--segments", "1,x"), ("--max-examples", "-5"), ("--max-examples", "0")])
+def test_campaign5_p23_test_time_counts_that_are_not_counts_are_one_line(tmp_path, capsys, flag, value):
+    from scripts import benchmark_test_time
+
+    with pytest.raises(SystemExit) as info:  # the arguments are read before the checkpoint is looked for
+        benchmark_test_time.main(["--checkpoint", str(tmp_path / "none"), "--device", "cpu", flag, value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
+    assert f"argument {flag}: " in err and ("give a whole number of 1 or more" in err or
+                                            "give whole numbers of 1 or more" in err), err

@@ -7,12 +7,16 @@ tests/test_bundling.py."""
 import hashlib
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
+import evaluate
 import solve
+from tests.test_bad_inputs import assert_one_line
 from utils.data.user_puzzles import parse_sudoku, sudoku_problems
+from utils.eval import load, solving
 from utils.eval.load import load_trained, read_card
 from utils.checkpoint import CheckpointError
 from utils.eval.solving import BUNDLED, BUNDLED_DIR
@@ -72,3 +76,67 @@ def test_the_bundled_maze_model_finds_a_held_out_mazes_shortest_path(tmp_path, c
     printed = capsys.readouterr().out
     assert f"model: the bundled model for 10x10 mazes, {BUNDLED_DIR / 'maze_10x10_trm.pt'}" in printed
     assert "\n".join(MAZE_PATH) in printed.split("consistent", 1)[1]
+
+
+# ---- fault campaign 5: the card check cannot be switched off --------------------------------------------------------
+
+@pytest.fixture
+def shipped_copy(tmp_path, monkeypatch):
+    """The shipped Sudoku model and its card, copied into a folder that the load check and solve.py take for
+    models/pretrained/ (the real files are never touched)."""
+    folder = tmp_path / "pretrained"
+    folder.mkdir()
+    model = folder / BUNDLED["sudoku"].file
+    for source in (BUNDLED_DIR / model.name, (BUNDLED_DIR / model.name).with_suffix(".md")):
+        shutil.copyfile(source, folder / source.name)
+    monkeypatch.setattr(load, "BUNDLED_DIR", folder, raising=False)
+    monkeypatch.setattr(solving, "BUNDLED_DIR", folder)
+    return model
+
+
+def zero_the_weights(model):
+    payload = torch.load(model, weights_only=True)
+    payload["model"] = {k: torch.zeros_like(v) if v.is_floating_point() else v for k, v in payload["model"].items()}
+    torch.save(payload, model)
+
+
+def refused_everywhere(capsys, model, tmp_path, fragment):
+    """Every way of loading ``model`` refuses it in one line naming ``fragment``, before answering anything."""
+    out = ["--out", str(tmp_path / "o")]
+    for main, argv in ((solve.main, ["--sudoku", HARD, *out]),  # the bundled default
+                       (solve.main, ["--checkpoint", str(model), "--sudoku", HARD, *out]),
+                       (evaluate.main, ["--checkpoint", str(model)])):
+        assert_one_line(capsys, main(["--device", "cpu", *argv]), fragment)
+    assert not (tmp_path / "o").exists()
+
+
+def test_campaign5_p04_a_shipped_model_whose_card_is_gone_is_refused_not_answered_with(shipped_copy, tmp_path,
+                                                                                        capsys):
+    card = shipped_copy.with_suffix(".md")
+    solve.main(["--device", "cpu", "--sudoku", HARD, "--rollouts", "1", "--segments", "1", "--out",
+                str(tmp_path / "answers")])  # one segment: whether its answer is consistent is not the point here
+    assert f"(its card: {card})" in capsys.readouterr().out  # the card the load checked
+    card.unlink()
+    zero_the_weights(shipped_copy)  # was answered with, exit 0, naming "its card: ...md" that did not exist
+    refused_everywhere(capsys, shipped_copy, tmp_path, f"{shipped_copy} has no card: {card.name} beside it is missing")
+    card.mkdir()  # a card that cannot be read as one
+    refused_everywhere(capsys, shipped_copy, tmp_path, f"{shipped_copy} has no card")
+
+
+EDITS = [  # a card edited out of shape, and how the load refuses it
+    (lambda text: text.replace("bundled with `scripts/bundle_model.py`", "bundled by hand"), "has no card"),
+    (lambda text: text.replace("bundled with `scripts/bundle_model.py`", "").replace("SHA-256 `", "SHA-256 `0"),
+     "has no card"),
+    (lambda text: text.replace("SHA-256 `", "SHA-256 `0"), "records no size and SHA-256"),
+    (lambda text: text.replace("| file |", "| weights |"), "records no size and SHA-256"),
+    (lambda text: text.replace(" bytes, float32", " B, float32"), "records no size and SHA-256"),
+]
+
+
+def test_campaign5_p04_a_shipped_models_card_edited_out_of_shape_is_refused(shipped_copy, tmp_path, capsys):
+    card = shipped_copy.with_suffix(".md")
+    shipped = card.read_text()
+    zero_the_weights(shipped_copy)
+    for edit, fragment in EDITS:
+        card.write_text(edit(shipped))
+        refused_everywhere(capsys, shipped_copy, tmp_path, fragment)

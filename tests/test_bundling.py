@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import evaluate
 import solve
 from scripts import bundle_model
 from tests.test_bad_inputs import assert_one_line
+from tests.conftest import terminate_this_process
 from tests.test_solve import MAZE, SUDOKU, sudoku_run, train  # noqa: F401  (sudoku_run: a fixture)
 from utils.data.maze import build_maze_dataset
 from utils.eval import solving
@@ -271,3 +273,18 @@ def test_campaign4_p26_a_name_too_long_is_refused_up_front_not_blamed_on_space(s
     fits = tmp_path / f"{'b' * 250}.pt"  # its temporary file's longer name used to fail as a full disk
     write_atomically(fits, lambda f: f.write(b"x"), "bundled model")
     assert [p.name for p in tmp_path.iterdir()] == [fits.name]
+
+
+# ---- fault campaign 5 ---------------------------------------------------------------------------------------------
+
+def test_campaign5_p22_sigterm_while_measuring_is_one_line_143_and_leaves_no_staging_folder(sudoku_run, tmp_path,
+                                                                                            capsys, monkeypatch):
+    out = tmp_path / "out"
+
+    def measuring(staged, *args):
+        assert staged.is_file() and staged.parent.parent == out  # the staged model, in its staging folder
+        terminate_this_process()
+    monkeypatch.setattr(bundle_model, "score", measuring)
+    assert bundle_model.main([str(sudoku_run), "--name", "x", "--out", str(out)]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.splitlines()[-1] == "stopped (SIGTERM)"
+    assert list(out.iterdir()) == []  # neither a bundle nor the staging folder

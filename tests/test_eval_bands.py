@@ -142,3 +142,44 @@ def test_a_ratings_file_of_the_wrong_length_is_refused(rated, tmp_path):
     root = write_dataset(tmp_path, inputs, labels, RATINGS[:-1])
     with pytest.raises(DatasetError, match="one integer rating per puzzle"):
         PuzzleDataset(root, "test", BATCH)
+
+
+# ---- fault campaign 5 ---------------------------------------------------------------------------------------------
+
+TOP = 2**63 - 1  # the largest rating int64 holds
+
+
+def test_campaign5_p08_the_largest_ratings_keep_their_band():
+    ratings = np.array([TOP, 2**62, 2**62 - 1, 2**53 + 1, 2**53 - 1], np.int64)  # float64 rounds the first and third up
+    assert rating_bands(ratings).tolist() == [2**62, 2**62, 2**61, 2**53, 2**52]
+    assert band_name(2**62) == f"{2**62}-{TOP}"
+
+
+def test_campaign5_p08_a_rating_of_2_63_minus_1_is_in_the_report_and_uint64_ratings_do_not_wrap(head, rated, tmp_path):
+    _, inputs, labels = rated
+    ratings = [*RATINGS[:-1], TOP]  # was dropped from every band: its band overflowed into the padding's
+    metrics, _, _ = evaluate(head, write_dataset(tmp_path / "top", inputs, labels, ratings))
+    assert metrics[f"count/rating_{2**62}-{TOP}"] == 1
+    assert sum(v for k, v in metrics.items() if k.startswith("count/rating_")) == len(RATINGS)
+    # uint64 ratings: read as they are, never wrapped into "<0"; one past int64 is refused, naming the file
+    root = write_dataset(tmp_path / "unsigned", inputs, labels)
+    np.save(root / "test" / "all__ratings.npy", np.array(ratings, np.uint64))
+    assert PuzzleDataset(root, "test", BATCH).rating_bands == [0, 1, 2, 4, 8, 16, 32, 2**62]
+    np.save(root / "test" / "all__ratings.npy", np.array([*RATINGS[:-1], 2**64 - 1], np.uint64))
+    with pytest.raises(DatasetError, match=f"all__ratings.npy holds ratings up to {2**64 - 1}, more than the {TOP}"):
+        PuzzleDataset(root, "test", BATCH)
+
+
+def test_campaign5_p18_an_empty_ratings_file_is_one_line_naming_it_and_the_fix(rated, tmp_path):
+    _, inputs, labels = rated
+    root = write_dataset(tmp_path, inputs, labels)
+    ratings = root / "test" / "all__ratings.npy"
+    ratings.write_bytes(b"")  # was: EOFError: No data left in file
+    with pytest.raises(DatasetError) as refused:
+        PuzzleDataset(root, "test", BATCH)
+    assert str(refused.value) == (f"{ratings} is empty or cut short (0 bytes), not a .npy file; rebuild the dataset, "
+                                  "or delete the file (the ratings are optional)")
+    ratings.unlink()
+    (root / "test" / "all__labels.npy").write_bytes(b"")  # the same for the dataset's own arrays
+    with pytest.raises(DatasetError, match="all__labels.npy is empty or cut short .0 bytes., not a .npy file; rebuild"):
+        PuzzleDataset(root, "test", BATCH)

@@ -1040,3 +1040,24 @@ def test_pip_versions_and_the_local_pair_probe_read_only_the_given_sources(tmp_p
     assert found == {"files": [str(torch_wheel), str(tv_wheel), str(lib_wheel)], "gb": 0.0, "cuda": True,
                      "where": [str(dist)]}
     assert _venv_packages(tmp_path / "venv") == set() and _environment() == before
+
+
+# ---- fault campaign 5 ---------------------------------------------------------------------------------------------
+
+def test_campaign5_p23_a_bad_argument_is_one_line_and_exit_2(forbid_changes, tmp_path, capsys, monkeypatch):
+    with pytest.raises(SystemExit) as info:
+        inst.main(["--dry-run", "--platform", "tpu"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and "usage:" not in err, err
+    assert err.startswith("error: argument --platform: invalid choice: 'tpu'"), err
+    missing = tmp_path / "none"
+    cases = [(["--python", str(missing)], f"cannot run {missing}: pass an existing interpreter with --python"),
+             (["--requirements-dir", str(missing)], f"--requirements-dir {missing} is not a folder"),
+             (["--requirements-dir", str(tmp_path)], f"requirements file {tmp_path / 'requirements.txt'} not found")]
+    for argv, fragment in cases:
+        assert inst.main(["--dry-run", *argv, "--report", str(tmp_path / "r.json")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and fragment in err, err
+        # past the interpreter's check, this machine's probes are not what is tested
+        monkeypatch.setattr(inst, "detect_platform", lambda python: make_info(python=python))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -4,12 +4,14 @@ silently. The dry runs here skip the timing (``--timed-steps 0``) but one, which
 """
 
 import dataclasses
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 
 from scripts import reproduce
+from tests.conftest import terminate_this_process
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,3 +101,28 @@ def test_the_script_runs_from_anywhere(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         runpy.run_path(str(REPO / "scripts" / "reproduce.py"), run_name="__main__")
     assert info.value.code == 0 and "arc-agi-2-trm" in capsys.readouterr().out
+
+
+# ---- fault campaign 5 ---------------------------------------------------------------------------------------------
+
+def test_campaign5_p14_timed_steps_past_the_bound_are_one_line(capsys):
+    for steps in ("1000000000", str(reproduce.MAX_TIMED_STEPS + 1), "-1"):
+        with pytest.raises(SystemExit) as info:
+            reproduce.main(["sudoku-extreme-trm-mlp", "--dry-run", "--timed-steps", steps])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"--timed-steps must be 0 to {reproduce.MAX_TIMED_STEPS}" in err and f"got {steps}" in err
+
+
+def test_campaign5_p22_sigterm_during_a_dry_run_is_one_line_143_and_leaves_no_temporary_folder(capsys, monkeypatch):
+    stand_ins = []
+
+    def check_training(recipe, folder):
+        stand_ins.append(folder)
+        (folder / "stand-in").mkdir()  # the dry run has written its stand-in data by now
+        terminate_this_process()
+    monkeypatch.setattr(reproduce, "check_training", check_training)
+    code, _, err = dry_run(capsys, "sudoku-extreme-trm-mlp", "--timed-steps", "0")
+    assert code == 128 + signal.SIGTERM and err == "stopped (SIGTERM)\n", err
+    assert stand_ins and not stand_ins[0].exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # as it was before the command

@@ -17,13 +17,14 @@ import torch
 
 import pretrain
 from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1_Inner
+from tests import signal_hook
 from tests.conftest import child_env, signal_at
 from utils.distributed import Dist
 from utils.errors import UserError
 from utils.train import arc_adapt
 from utils import checkpoint as checkpoint_mod
 from utils.run import estimate as estimate_mod
-from utils.run import faults
+from utils.run import points
 from utils.train import puzzle_trainer
 from utils.run import run_dir as run_dir_mod
 from utils.checkpoint import safe_load
@@ -401,7 +402,7 @@ def test_the_length_is_told_again_from_timed_steps_and_the_first_step_apart(monk
 @pytest.mark.parametrize("value,expected", [("train:12:SIGKILL", ("train", 12, signal.SIGKILL, False)),
                                             ("val:4:term:group", ("val", 4, signal.SIGTERM, True))])
 def test_a_signal_point_names_where_which_step_which_signal_and_whom(value, expected):
-    plan = faults.parse(value)
+    plan = signal_hook.parse(value)
     assert (plan.point, plan.step, plan.signum, plan.group) == expected
 
 
@@ -418,7 +419,7 @@ def test_a_malformed_signal_point_is_one_line_before_any_work(sudoku_dir, tmp_pa
 def fake_train(calls: list):
     """A trainer loop as far as the hook sees it: step 1 begins, then the run stops if a signal asked it to."""
     def train(args, rank, stopper):
-        faults.reach("train", 1)
+        points.reach("train", 1)  # where the real loop passes it
         calls.append(stopper.requested)
         return stopper.exit_code if stopper.requested else 0
     return train
@@ -441,12 +442,12 @@ def test_campaign4_p07_p19_an_in_process_arc_adaptation_never_arms_the_signal_ho
 @pytest.mark.parametrize("name", ["SIGUSR1", "SIGCHLD", "SIGCONT", "SIGHUP", "USR2", "9"])
 def test_campaign4_p08_the_hook_accepts_only_the_stops_the_tests_use(name):
     with pytest.raises(UserError, match="SIGNAL one of SIGINT, SIGTERM, SIGKILL, SIGSTOP"):
-        faults.parse(f"train:1:{name}")
+        signal_hook.parse(f"train:1:{name}")
 
 
 def test_campaign4_p08_a_run_the_hook_freezes_says_how_to_continue_it():
     assert f"it stays stopped until it gets SIGCONT (kill -CONT {os.getpid()})" in \
-        faults.parse("train:3:SIGSTOP").announcement()
+        signal_hook.parse("train:3:SIGSTOP").announcement()
 
 
 def test_campaign4_p22_the_armed_hook_is_the_first_line_and_its_stop_names_it(monkeypatch, capsys):
@@ -458,7 +459,7 @@ def test_campaign4_p22_the_armed_hook_is_the_first_line_and_its_stop_names_it(mo
     assert err[0] == ("RUN_SIGNAL_AT=train:1:SIGTERM is set: this run will send SIGTERM to this process as optimizer "
                       "step 1 begins (a test hook: unset RUN_SIGNAL_AT to run without it)")
     assert "RUN_SIGNAL_AT=train:1:SIGTERM: sending SIGTERM to this process as optimizer step 1 begins" in err
-    assert faults.planned() is None  # disarmed once the run is over
+    assert signal_hook.planned() is None  # disarmed once the run is over
 
 
 @pytest.mark.parametrize("total", [3, 4, 6])
@@ -483,3 +484,31 @@ def test_campaign4_p24_a_short_run_is_told_its_first_step_and_its_pace(monkeypat
 def test_campaign4_p24_durations_under_ten_seconds_keep_their_digits():
     assert [estimate_mod.duration(s) for s in (0.004, 0.25, 2.54, 45, 720)] == ["4 ms", "250 ms", "2.5 s", "45 s",
                                                                                   "12 min"]
+
+
+# ---- campaign 5, p09: the product holds no test hook ----------------------------------------------------------------
+
+def test_campaign5_p09_no_product_code_reads_the_tests_signal_hook():
+    product = [*ROOT.glob("*.py"), *(p for folder in ("utils", "models", "scripts") for p in (ROOT / folder).rglob("*.py"))]
+    assert len(product) > 50 and not [p for p in product if "RUN_SIGNAL_AT" in p.read_text(encoding="utf-8")]
+
+
+def test_campaign5_p09_run_signal_at_in_a_users_environment_does_not_reach_pretrain(sudoku_dir, tmp_path):
+    """A user's shell (no tests/run_hook on PYTHONPATH) with the variable set: it was armed, and froze the run in
+    step 1 until it was killed."""
+    hook = str(ROOT / "tests" / "run_hook")
+    path = os.pathsep.join(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != hook)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, "RUN_SIGNAL_AT": "train:1:SIGSTOP"}
+    with open(tmp_path / "err.txt", "w") as err:
+        run = subprocess.Popen([sys.executable, "pretrain.py", "--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}",
+                                f"checkpoint_path={tmp_path / 'run'}", *TINY, "epochs=1", "eval_interval=1"], cwd=ROOT,
+                               env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status = os.waitpid(run.pid, os.WUNTRACED)  # returns when it ends, or stops itself
+        stopped = os.WIFSTOPPED(status)
+        if stopped:
+            os.kill(run.pid, signal.SIGKILL)
+            _, status = os.waitpid(run.pid, 0)
+        run.returncode = os.waitstatus_to_exitcode(status)  # reaped here: the Popen is told
+    printed = (tmp_path / "err.txt").read_text()
+    assert not stopped, f"the run stopped itself in step 1: {printed}"
+    assert run.returncode == 0 and "RUN_SIGNAL_AT" not in printed, printed

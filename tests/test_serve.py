@@ -28,6 +28,8 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import pretrain
+import solve
+from tests.test_bad_inputs import assert_one_line
 from tests.test_bundling import tiny_bundled  # noqa: F401  (a fixture)
 from tests.test_pretrain_trm import TINY_TRM
 from tests.test_solve import SUDOKU, sudoku_run  # noqa: F401  (a fixture)
@@ -36,7 +38,8 @@ from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sud
 from utils.eval import solving
 from utils.eval.solving import BUNDLED, Answer, flops_per_pass, open_model
 from utils.serve import server as server_module
-from utils.serve.server import Offered, PageServer, Solver, answer_json, bind_advice, make_server
+from utils.serve.server import (Offered, PageServer, Solver, access_for, answer_json, bind_advice, make_server,
+                                spelled_address)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Maze 0 of the maze recipe's test split (the page's example).
@@ -374,17 +377,21 @@ def test_campaign4_p06_ctrl_c_during_a_solve_cancels_it_and_exits_130(tmp_path):
             replies.append(repr(e))
 
     client = threading.Thread(target=solve, daemon=True)
+    seen = []
     try:
         client.start()
-        while "solving with" not in lines.get(timeout=120):  # the solve is under way
-            pass
+        while not any("solving with" in line for line in seen):  # the solve is under way
+            try:  # bounded: the solve starts within seconds unless the host is swamped
+                seen.append(lines.get(timeout=600))
+            except queue.Empty:
+                pytest.fail(f"no solve began within 600 s; the server said: {''.join(seen)}")
     finally:
         process.send_signal(signal.SIGINT)
-        process.wait(timeout=120)
+        process.wait(timeout=600)
     out = process.stdout.read()
-    client.join(60)
+    client.join(600)  # the server has ended: the client has its answer, or its connection's end, at once
     reader.join(60)
-    err = "".join(lines.queue)
+    err = "".join(seen + list(lines.queue))
     assert process.returncode == 130, err  # was -6: SIGABRT, "terminate called without an active exception"
     assert out.splitlines()[-1] == "stopped (the solve in progress was cancelled)"
     assert "terminate called" not in err and "Traceback" not in err and not list(tmp_path.glob("core*"))
@@ -507,3 +514,60 @@ def test_campaign4_p23_ipv6_loopback_is_served_and_a_bind_failure_names_its_caus
     finally:
         page.shutdown()
         page.server_close()
+
+
+# ---- fault campaign 5 ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("spelling", ["0", "0x0", "0X0", "0.0", "00.0.0.0", "0.0.0.0.", "0x0.0", "[::ffff:0.0.0.0]",
+                                      "[::ffff:0:0]", "[::]", "[0:0::0]", "0.0.0.0"])
+def test_campaign5_p07_no_spelling_of_the_unspecified_address_passes_the_host_check(spelling):
+    access = access_for("0.0.0.0", "0.0.0.0", 8000)  # --host 0.0.0.0: any Host but the unspecified address
+    assert not access.host_ok(f"{spelling}:8000")
+
+
+def test_campaign5_p07_addresses_are_read_as_browsers_and_curl_read_them():
+    assert access_for("0.0.0.0", "0.0.0.0", 8000).host_ok("127.1:8000")  # this machine, by another spelling
+    assert [str(spelled_address(name)) for name in ("0x7f.1", "127.0.1", "2130706433", "017700000001", "::ffff:7f00:1",
+                                                    "0xff.0xff.0xff.0xff")] == ["127.0.0.1"] * 5 + ["255.255.255.255"]
+    assert all(spelled_address(name) is None for name in ("localhost", "08.0.0.0", "1.2.3.4.5", "4294967296",
+                                                          "256.0.0.1", "0.0.0.256", "0..0", "+1", " 0", ""))
+
+
+def test_campaign5_p12_slow_connections_from_one_address_leave_the_page_to_the_others(shipped, monkeypatch):
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(server_module, "PEER_CONNECTIONS", 2, raising=False)
+    page = PageServer(shipped.solver, "127.0.0.1", 0)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    crowd = []
+    try:
+        for _ in range(4):  # as many connections as the page serves, from one other address, sending nothing
+            crowd.append(socket.socket())
+            try:
+                crowd[-1].bind(("127.0.0.2", 0))
+            except OSError:
+                pytest.skip("this machine's loopback has no 127.0.0.2 (macOS): no second address to connect from")
+            crowd[-1].connect(page.server_address[:2])
+            crowd[-1].settimeout(60)
+        # The connections are taken in order: this one's turn comes after the crowd's. It was a 503 for 60 s.
+        status, answer = call(page, "GET", "/api/models")
+        assert status == 200, answer
+        until(lambda: page.open_connections == 2, "the request above ends; the crowd's first two are served")
+        refused = [s.makefile("rb").read() for s in crowd[2:]]
+        assert all(r.startswith(b"HTTP/1.0 503") and b"this address has 2 connections to the page open" in r
+                   for r in refused), refused
+    finally:
+        for s in crowd:
+            s.close()
+        until(lambda: page.open_connections == 0, "the crowd's connections end")
+        page.shutdown()
+        page.server_close()
+
+
+def test_campaign5_p23_the_pages_defaults_over_a_models_budget_are_refused_at_start(tmp_path, capsys, monkeypatch):
+    # were served (a Ctrl-C at once ends a page that starts)
+    monkeypatch.setattr(PageServer, "serve_forever", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert_one_line(capsys, solve.main(["--device", "cpu", "--serve", "--port", "0", "--rollouts", "1000",
+                                        "--segments", "100", "--out", str(tmp_path / "o")]),
+                    "--segments x --rollouts x --views = 100 x 1000 x 1 = 100,000 segment passes a puzzle, more than "
+                    "this model's budget")
+    assert not (tmp_path / "o").exists()

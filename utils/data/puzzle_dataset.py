@@ -49,8 +49,12 @@ def rating_bands(ratings) -> np.ndarray:
         int64, the same shape: 0, 1, 2, 4, 8, ... or -1.
     """
     ratings = np.asarray(ratings, np.int64)
-    _, exponent = np.frexp(np.maximum(ratings, 1).astype(np.float64))  # r = m * 2**e with 0.5 <= m < 1: exact
-    return np.where(ratings < 0, -1, np.where(ratings < 2, ratings, np.left_shift(np.int64(1), exponent - 1)))
+    # r = m * 2**e with 0.5 <= m < 1; a rating past 2**53 rounds as float64, up to the next power of two at most
+    # (2**63 - 1 to 2**63, which int64 cannot hold): capped there, and a power one too high halved.
+    _, exponent = np.frexp(np.maximum(ratings, 1).astype(np.float64))
+    power = np.left_shift(np.int64(1), np.minimum(exponent - 1, 62))
+    power = np.where(power > ratings, power >> 1, power)
+    return np.where(ratings < 0, -1, np.where(ratings < 2, ratings, power))
 
 
 def band_name(band: int) -> str:
@@ -170,14 +174,30 @@ def _load_ratings(path: Path, num_puzzles: int) -> np.ndarray | None:
     """
     if not path.is_file():
         return None
-    try:
-        ratings = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as e:
-        raise DatasetError(f"{path} is not a readable .npy file ({e}); rebuild the dataset or delete it") from None
+    ratings = _load_npy(path, "rebuild the dataset, or delete the file (the ratings are optional)")
     if not np.issubdtype(ratings.dtype, np.integer) or ratings.shape != (num_puzzles,):
         raise DatasetError(f"{path} holds {ratings.dtype} {list(ratings.shape)}, expected one integer rating per puzzle "
                            f"[{num_puzzles}]; rebuild the dataset or delete the file")
+    largest = np.iinfo(np.int64).max
+    if ratings.size and ratings.max() > largest:  # uint64: cast to int64, it would wrap into the "<0" band
+        raise DatasetError(f"{path} holds ratings up to {ratings.max()}, more than the {largest} (2**63 - 1) a rating "
+                           "may be; rebuild the dataset or delete the file")
     return ratings.astype(np.int64)
+
+
+def _load_npy(path: Path, fix: str, mmap_mode: str | None = None) -> np.ndarray:
+    """The array in the .npy file ``path`` (memory-mapped with ``mmap_mode``), without pickles.
+
+    Raises:
+        DatasetError: the file is empty, cut short or not a .npy file, naming it and how to ``fix`` it.
+    """
+    try:
+        return np.load(path, mmap_mode=mmap_mode, allow_pickle=False)
+    except EOFError:  # numpy's word for a file that ends before its header does (0 bytes, or cut short)
+        raise DatasetError(f"{path} is empty or cut short ({path.stat().st_size:,} bytes), not a .npy file; "
+                           f"{fix}") from None
+    except (ValueError, OSError) as e:
+        raise DatasetError(f"{path} is not a readable .npy file ({e}); {fix}") from None
 
 
 def load_arrays(data_path: str | os.PathLike, split: str, metadata: PuzzleDatasetMetadata) -> dict[str, dict[str, np.ndarray]]:
@@ -201,10 +221,7 @@ def load_arrays(data_path: str | os.PathLike, split: str, metadata: PuzzleDatase
             path = split_dir / f"{set_name}__{name}.npy"
             if not path.is_file():
                 raise DatasetError(f"{path} not found; the dataset is incomplete, rebuild it ({_build_hint(data_path)})")
-            try:
-                arrays[name] = np.load(path, mmap_mode="r" if name in ("inputs", "labels") else None, allow_pickle=False)
-            except (ValueError, OSError) as e:
-                raise DatasetError(f"{path} is not a readable .npy file ({e}); rebuild the dataset") from None
+            arrays[name] = _load_npy(path, "rebuild the dataset", mmap_mode="r" if name in ("inputs", "labels") else None)
             if not np.issubdtype(arrays[name].dtype, np.integer):
                 raise DatasetError(f"{path}: dtype {arrays[name].dtype} is not an integer type; rebuild the dataset")
         where = f"{split_dir}/{set_name}__"

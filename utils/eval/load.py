@@ -7,7 +7,9 @@ the data's ``seq_len`` and ``vocab_size``) and the reference repositories' relea
 
 A bundled model (``<name>.pt`` with the card ``<name>.md`` that ``scripts/bundle_model.py`` wrote beside it) is
 checked against its card on every load: a file whose size or SHA-256 is not the card's is refused, so weights
-damaged or swapped after they were measured never answer in the card's name.
+damaged or swapped after they were measured never answer in the card's name. A model in :data:`BUNDLED_DIR` (the
+ones this repository ships) always has its card, so one there whose card is missing, unreadable or without its
+marker and file row is refused too: deleting or editing the card does not switch the check off.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from utils.run.run_dir import newest_loadable, read_manifest, recorded_checkpoin
 
 log = logging.getLogger(__name__)
 
+# The models this repository ships (utils/eval/solving.py BUNDLED), and where scripts/bundle_model.py writes by
+# default: every model here comes with its card.
+BUNDLED_DIR = Path(__file__).resolve().parents[2] / "models" / "pretrained"
 # The introduction of every card scripts/bundle_model.py writes says so; a Markdown file beside a model without it
 # is someone's notes, not a card.
 CARD_MARK = "bundled with `scripts/bundle_model.py`"
@@ -81,22 +86,34 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def check_against_card(model: Path) -> None:
-    """Refuse a bundled model that is not the file its card describes (no card: nothing to check).
+def check_against_card(model: Path) -> Optional[Card]:
+    """Refuse a bundled model that is not the file its card describes; the card checked, None for a model outside
+    :data:`BUNDLED_DIR` without a card (nothing to check: not a bundled model).
 
     Raises:
-        CheckpointError: the size or the SHA-256 differs from the card's, naming both hashes; or a card without
-            them (:func:`read_card`).
+        CheckpointError: the size or the SHA-256 differs from the card's, naming both hashes; a card without them
+            (:func:`read_card`); or a model in :data:`BUNDLED_DIR` without its card.
     """
-    card = read_card(model) if model.is_file() else None
+    if not model.is_file():
+        return None
+    shipped = model.resolve().parent == BUNDLED_DIR.resolve()
+    model = model.resolve() if shipped else model  # a link to a shipped model: its card is the one beside it
+    card = read_card(model)
+    if card is None and shipped:
+        raise CheckpointError(f"{model} has no card: {model.with_suffix('.md').name} beside it is missing, unreadable "
+                              "or not one scripts/bundle_model.py wrote, and every model in that folder comes with its "
+                              "card (its size and SHA-256); restore the card (a shipped model: git checkout -- "
+                              "models/pretrained/), bundle the model again with scripts/bundle_model.py, or keep a "
+                              "checkpoint of your own elsewhere")
     if card is None:
-        return
+        return None
     size, digest = model.stat().st_size, file_sha256(model)
     if (size, digest) != (card.size, card.sha256):
         raise CheckpointError(f"{model} is not the file its card {card.path.name} describes: it is {size:,} bytes "
                               f"with SHA-256 {digest}, the card says {card.size:,} bytes with SHA-256 {card.sha256}; "
                               "restore the file (a shipped model: git checkout -- the file), or bundle it again with "
                               "scripts/bundle_model.py")
+    return card
 
 
 def resolve_checkpoint(spec: str) -> tuple[Path, str]:
@@ -158,8 +175,9 @@ def checkpoint_settings(path: Path, payload: dict) -> PretrainConfig:
 
 @dataclass
 class Trained:
-    """A trained model ready to answer: the loss head (eval mode), its settings, where it came from, its step, and
-    the data sizes it was built for (``seq_len``, ``vocab_size``)."""
+    """A trained model ready to answer: the loss head (eval mode), its settings, where it came from, its step, the
+    data sizes it was built for (``seq_len``, ``vocab_size``), and the ``card`` it was checked against (a bundled
+    model's, :func:`check_against_card`; None for any other checkpoint)."""
 
     head: Any
     cfg: PretrainConfig
@@ -168,6 +186,7 @@ class Trained:
     step: int
     seq_len: int
     vocab_size: int
+    card: Optional[Path] = None
 
 
 def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size: int,
@@ -184,7 +203,7 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
             architecture; or the data sizes cannot be told.
     """
     path, note = resolve_checkpoint(spec)
-    check_against_card(path)
+    card = check_against_card(path)
     payload = safe_load(path)
     if not isinstance(payload, dict):
         raise CheckpointError(f"{path} holds a {type(payload).__name__}, not a checkpoint (a dict)")
@@ -199,7 +218,7 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
     load_model_weights(head, state, str(path))
     head.eval()
     step = payload.get("step") if isinstance(payload.get("step"), int) else 0
-    return Trained(head, cfg, path, note, step, sizes["seq_len"], sizes["vocab_size"])
+    return Trained(head, cfg, path, note, step, sizes["seq_len"], sizes["vocab_size"], card and card.path)
 
 
 def _data_sizes(path: Path, payload: dict, state: dict, cfg: PretrainConfig, data_path: Optional[str],

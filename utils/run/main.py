@@ -8,10 +8,13 @@ could not go on) the same way with exit code 1. Anything else is a bug and keeps
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import sys
-from typing import Callable
+import threading
+from typing import Callable, Iterator
 
 import torch.distributed as dist
 
@@ -52,15 +55,50 @@ def report_error(error: Exception, rank: Dist = Dist()) -> int:
     return error.exit_code
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached a single-process command (:func:`cli_main`). A KeyboardInterrupt, so that it unwinds as Ctrl-C
+    does: every ``finally`` and ``with`` on the way cleans up (a staging folder, a temporary directory)."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`Terminated` in this process, unless the command handles SIGTERM
+    itself (scripts/check_gpu.py) or this is not the main thread (where no handler can be set). A process forked
+    within (a pool worker) inherits the handler, and ends of the signal as it would without it."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    owner = os.getpid()
+
+    def terminate(signum, _frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def cli_main(body: Callable[[], int | None]) -> int:
     """Run a single-process command (``evaluate.py``, a builder) with the shared logging and error path; Ctrl-C
-    ends it with one line and exit status 130, no traceback (utils/outputs.py writes each file whole or not at
-    all, so an interruption leaves nothing half-written under a file's name)."""
+    ends it with one line and exit status 130, SIGTERM the same way with 143, no traceback, after every cleanup on
+    the way (utils/outputs.py writes each file whole or not at all, so an interruption leaves nothing half-written
+    under a file's name; a staging folder or temporary directory is removed as the stop unwinds)."""
     setup_logging()
     try:
-        return body() or 0
+        with _sigterm_as_ctrl_c():
+            return body() or 0
     except (UserError, RunFailure) as e:
         return report_error(e)
+    except Terminated:
+        print("stopped (SIGTERM)", file=sys.stderr, flush=True)
+        return signal_exit_code(signal.SIGTERM)
     except KeyboardInterrupt:
         print("stopped (Ctrl-C)", file=sys.stderr, flush=True)
         return signal_exit_code(signal.SIGINT)

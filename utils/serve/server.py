@@ -26,15 +26,17 @@ Bounds: a request over its model's compute budget (segments x rollouts x views, 
 :func:`utils.eval.solving.compute_budget`) is refused before any work; one solve runs at a time, and a solve, or a
 request waiting for its turn, is cancelled between two segments when its client goes away. A client silent for
 :data:`CONNECTION_TIMEOUT_S`, or whose request has not arrived within :data:`REQUEST_DEADLINE_S`, is hung up on; at
-most :data:`MAX_CONNECTIONS` are served at once (the next gets a 503); a client that leaves is no error. Ctrl-C (or
-SIGTERM) cancels the solve in progress and waits for it to leave the model, so the process never ends under a
-thread still inside torch (which aborts: "terminate called without an active exception").
+most :data:`MAX_CONNECTIONS` are served at once, :data:`PEER_CONNECTIONS` of them from one address (the next gets a
+503, before its request is read, so slow clients at one address cannot keep the page from the others); a client that
+leaves is no error. Ctrl-C (or SIGTERM) cancels the solve in progress and waits for it to leave the model, so the
+process never ends under a thread still inside torch (which aborts: "terminate called without an active exception").
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import errno
 import hmac
 import ipaddress
@@ -42,6 +44,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import select
 import signal
@@ -54,7 +57,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
@@ -67,7 +70,8 @@ from utils.run.main import one_line
 from utils.run.stop import signal_exit_code
 from utils.train.arc_adapt import adapt_and_answer, task_from_json
 from utils.eval.load import Trained, load_trained
-from utils.eval.reasoning import RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, test_time_compute
+from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, TestTimeComputeError,
+                                  test_time_compute)
 from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
                                 flops_per_pass, gif_segments, open_model)
 from utils.viz.puzzles import render_segments, segments_gif
@@ -83,6 +87,10 @@ TOKEN_HEADER = "X-Page-Token"
 CONNECTION_TIMEOUT_S = 30  # a client silent this long (mid-request, or not reading its answer) is hung up on
 REQUEST_DEADLINE_S = 60  # a request's headers and body arrive within this, however slowly they trickle
 MAX_CONNECTIONS = 64  # connections served at once, each a thread
+# Connections served at once from one address (an IPv6 /64), counted as they arrive, before any request is read: a
+# page in a browser opens at most 6, and a client that holds more (slowly sending nothing) keeps the rest of the
+# MAX_CONNECTIONS free for everyone else.
+PEER_CONNECTIONS = 8
 STOP_GRACE_S = 30  # Ctrl-C waits this long for the solve in progress to leave the model
 TURN_POLL_S = 0.2  # how often a request waiting for its turn checks that its client is still there
 
@@ -183,8 +191,7 @@ def answer_json(found: Answer) -> dict[str, Any]:
 
 class Solver:
     """What the API does, apart from HTTP: the models on offer, one solve at a time, each cancelled between two
-    segments when its client leaves or the server stops (``stopping``); ``busy`` while one runs, and ``thread``, the
-    last one that ran the model."""
+    segments when its client leaves or the server stops (``stopping``); ``busy`` while one runs."""
 
     def __init__(self, models: list[Offered], args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
                  out: Path):
@@ -192,7 +199,6 @@ class Solver:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.busy = False
-        self.thread: Optional[threading.Thread] = None
 
     def solve(self, request: Any, client_gone: Optional[Callable[[], bool]] = None) -> dict[str, Any]:
         """Answer one ``/api/solve`` request: checked whole, budget included, before it waits for its turn.
@@ -279,7 +285,7 @@ class _Turn:
         if self.cancelled():
             self.solver.lock.release()
             raise Cancelled("cancelled while waiting for the solve before it")
-        self.solver.busy, self.solver.thread = True, threading.current_thread()
+        self.solver.busy = True
         log.info("solving with %s", self.what)
 
     def __exit__(self, *exc) -> None:
@@ -374,10 +380,8 @@ class Access:
             name = urlsplit(f"//{host}").hostname or ""
         except ValueError:  # an unbalanced [
             return False
-        try:
-            return not ipaddress.ip_address(name).is_unspecified
-        except ValueError:  # a name, not an address
-            return bool(name)
+        address = spelled_address(name)
+        return bool(name) if address is None else not address.is_unspecified
 
     def origin_ok(self, origin: str, host: str) -> bool:
         """Whether a browser's ``Origin`` is the page itself (its address, as the ``Host`` it sent)."""
@@ -386,6 +390,39 @@ class Access:
         except ValueError:  # an unbalanced [
             return False
         return where in self.hosts if self.hosts is not None else where == host
+
+
+# One part of an IPv4 address as inet_aton reads it, and browsers (the WHATWG URL standard) and curl with it: hex after
+# 0x (0x alone: 0), octal after a leading 0, else decimal.
+_IPV4_PART = re.compile(r"0[xX][0-9a-fA-F]*|0[0-7]*|[1-9][0-9]*")
+
+
+def spelled_address(name: str) -> Optional[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The IP address that ``name`` (a URL's host, IPv6 without its brackets) spells; None for a name.
+
+    Besides the standard forms, the IPv4 forms that inet_aton takes, and browsers and curl with it: one to four
+    parts, each decimal, octal (a leading 0) or hex (0x), the last filling the bytes the others leave (``0``,
+    ``0x0``, ``0.0``, ``00.0.0.0``, ``127.1``), with one trailing dot allowed. An IPv4-mapped IPv6 address
+    (``::ffff:0.0.0.0``) is the IPv4 address it maps: a connection to it goes there.
+    """
+    try:
+        found = ipaddress.ip_address(name)
+    except ValueError:
+        found = _inet_aton(name)
+    return getattr(found, "ipv4_mapped", None) or found
+
+
+def _inet_aton(name: str) -> Optional[ipaddress.IPv4Address]:
+    """The IPv4 address ``name`` spells in one of inet_aton's forms (:func:`spelled_address`); None when it does not."""
+    parts = name.removesuffix(".").split(".")
+    if not 1 <= len(parts) <= 4 or not all(_IPV4_PART.fullmatch(part) for part in parts):
+        return None
+    values = [int(part[2:] or "0", 16) if part[:2] in ("0x", "0X") else int(part, 8 if part[0] == "0" else 10)
+              for part in parts]
+    *leading, last = values
+    if any(value > 255 for value in leading) or last >= 256 ** (5 - len(values)):
+        return None
+    return ipaddress.IPv4Address(sum(value << 8 * (3 - i) for i, value in enumerate(leading)) + last)
 
 
 def access_for(host: str, bound: str, port: int) -> Access:
@@ -520,6 +557,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802  (http.server's name)
         self._deadline.cancel()
+        with self.server.answering():
+            self._get()
+
+    def _get(self) -> None:
         if not self._ours():
             return
         path = self.path.partition("?")[0]
@@ -532,6 +573,10 @@ class Handler(BaseHTTPRequestHandler):
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
 
     def do_POST(self) -> None:  # noqa: N802
+        with self.server.answering():
+            self._post()
+
+    def _post(self) -> None:
         if not self._ours():
             return
         path = self.path.partition("?")[0]
@@ -578,8 +623,9 @@ class Handler(BaseHTTPRequestHandler):
 
 class PageServer(ThreadingHTTPServer):
     """The bound server, its :class:`Solver` and :class:`Access`; ``url`` is the page's address. At most
-    :data:`MAX_CONNECTIONS` connections are served at once (``open_connections``); a client that leaves early is
-    logged at debug level, not as an error."""
+    :data:`MAX_CONNECTIONS` connections are served at once (``open_connections``), at most :data:`PEER_CONNECTIONS`
+    of them from one address (:func:`peer`); a client that leaves early is logged at debug level, not as an
+    error."""
 
     daemon_threads = True  # a stuck client never keeps the process alive; serve() waits for the solve itself
 
@@ -587,35 +633,71 @@ class PageServer(ThreadingHTTPServer):
         self.address_family, address = listen_address(host, port)
         self.solver = solver
         self.open_connections = 0
+        self._peers: dict[str, int] = {}  # open connections by peer
         self._count = threading.Lock()
+        self._answering: set[threading.Thread] = set()  # handlers between a request and its answer
+        self._answered = threading.Condition()
         super().__init__(address, Handler)
         bound, port = self.server_address[:2]
         self.access = access_for(host, bound, port)
         self.url = self.access.url
 
     def process_request(self, request, client_address) -> None:
+        who = peer(client_address)
         with self._count:
-            full = self.open_connections >= MAX_CONNECTIONS
-            self.open_connections += not full
-        if full:
-            busy_reply(request)
+            busy = self._busy(who)
+            if busy is None:
+                self.open_connections += 1
+                self._peers[who] = self._peers.get(who, 0) + 1
+        if busy is not None:
+            busy_reply(request, busy)
             self.shutdown_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:  # its thread did not start
-            self._leave()
+            self._leave(who)
             raise
+
+    def _busy(self, who: str) -> Optional[str]:
+        """Why a new connection from ``who`` is not served now (the caller holds the count's lock); None: it is."""
+        if self._peers.get(who, 0) >= PEER_CONNECTIONS:
+            return (f"this address has {PEER_CONNECTIONS} connections to the page open already: try again when one "
+                    "ends")
+        if self.open_connections >= MAX_CONNECTIONS:
+            return f"the page serves {MAX_CONNECTIONS} connections already: try again when one ends"
+        return None
 
     def process_request_thread(self, request, client_address) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._leave()
+            self._leave(peer(client_address))
 
-    def _leave(self) -> None:
+    def _leave(self, who: str) -> None:
         with self._count:
             self.open_connections -= 1
+            self._peers[who] -= 1
+            if not self._peers[who]:
+                del self._peers[who]
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """``with``: the calling handler is answering a request (read whole or in part) until the block ends."""
+        with self._answered:
+            self._answering.add(threading.current_thread())
+        try:
+            yield
+        finally:
+            with self._answered:
+                self._answering.discard(threading.current_thread())
+                self._answered.notify_all()
+
+    def wait_answered(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until no handler is answering a request; whether none is. Connections
+        still waiting for a request are not waited for: nothing has been asked of them."""
+        with self._answered:
+            return self._answered.wait_for(lambda: not self._answering, timeout)
 
     def handle_error(self, request, client_address) -> None:
         error = sys.exc_info()[1]
@@ -625,10 +707,19 @@ class PageServer(ThreadingHTTPServer):
             log.error("a request from %s failed", client_address, exc_info=True)
 
 
-def busy_reply(connection: socket.socket) -> None:
-    """Tell a connection over :data:`MAX_CONNECTIONS` so with a 503, without waiting on it."""
-    body = json.dumps({"error": f"the page serves {MAX_CONNECTIONS} connections already: try again when one "
-                                "ends"}).encode()
+def peer(client_address: tuple) -> str:
+    """Whose a connection from ``client_address`` is, for :data:`PEER_CONNECTIONS`: its IPv4 address (also when
+    IPv4-mapped), or the /64 network of an IPv6 one, which one machine commonly holds whole."""
+    address = ipaddress.ip_address(client_address[0].split("%")[0])
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(getattr(address, "ipv4_mapped", None) or address)
+
+
+def busy_reply(connection: socket.socket, why: str) -> None:
+    """Tell a connection that is not served now (a peer's or the page's connections are all in use) so, ``why``, with
+    a 503, without waiting on it."""
+    body = json.dumps({"error": why}).encode()
     head = (f"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
             "Connection: close\r\n\r\n").encode()
     try:
@@ -642,12 +733,15 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     """The server, bound (port 0: a free one) and ready to ``serve_forever``; its models loaded.
 
     Raises:
-        UserError: a checkpoint that cannot be offered, test-time compute flags out of a model's range (the page's
-            defaults), or an address that cannot be bound.
+        UserError: a checkpoint that cannot be offered, test-time compute flags out of a model's range or over its
+            budget (the page's defaults, refused as solve.py refuses them), or an address that cannot be bound.
     """
     solver = Solver(offered_models(args.checkpoint, device, dtype), args, device, dtype, out)
-    for offered in solver.models:
-        offered.defaults(args)  # the flags as each model's defaults: refused now, not on the page's first call
+    for offered in solver.models:  # the flags as each model's defaults: refused now, not on the page's first call
+        try:
+            check_budget(offered.trained, offered.defaults(args), args, device, flops=offered.flops)
+        except TestTimeComputeError as e:
+            raise TestTimeComputeError(f"the page's model {offered.label}: {e}") from None
     try:
         return PageServer(solver, args.host, args.port)
     except OSError as e:
@@ -687,10 +781,12 @@ def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, ou
 
 
 def stop_serving(server: PageServer, signum: int) -> int:
-    """Cancel the solve in progress, wait up to :data:`STOP_GRACE_S` for its thread to end, close the server.
+    """Cancel the solve in progress (and those waiting for their turn), wait up to :data:`STOP_GRACE_S` for every
+    request under way to be answered (a cancelled solve answers 503), then close the server.
 
-    Python's exit ends the threads still running (they are daemons) where they stand; one inside torch's C++ code
-    aborts the process. So a solve that does not end in time (an ARC adaptation, which has no segments to stop
+    Python's exit ends the threads still running (they are daemons) where they stand: a client whose answer was not
+    written yet would lose it, and a thread inside torch's C++ code aborts the process. So the process ends only
+    after every handler answered; one that does not in time (an ARC adaptation, which has no segments to stop
     between), or a second Ctrl-C, ends the process at once (``os._exit``).
 
     Returns:
@@ -699,18 +795,14 @@ def stop_serving(server: PageServer, signum: int) -> int:
     solver = server.solver
     cut_short = solver.busy
     solver.stopping.set()
-    deadline = time.monotonic() + STOP_GRACE_S
     try:
-        left = solver.lock.acquire(timeout=STOP_GRACE_S)  # no solve runs, and none will start
-        if left and solver.thread is not None:  # the last one's thread may still answer its client
-            solver.thread.join(max(0.0, deadline - time.monotonic()))
-            left = not solver.thread.is_alive()
+        answered = server.wait_answered(STOP_GRACE_S)
     except (KeyboardInterrupt, Terminated):  # asked again: do not wait
-        left = False
+        answered = False
     server.server_close()
     code = signal_exit_code(signum) if cut_short else 0
     print(f"stopped{' (the solve in progress was cancelled)' if cut_short else ''}", flush=True)
-    if not left:
+    if not answered:
         print("the solve in progress did not stop in time: ending without waiting for it", file=sys.stderr,
               flush=True)
         os._exit(code)

@@ -93,7 +93,7 @@ def adapt(args, task, data: Path, run: Path, checkpoint: Path) -> None:
         compile=False)  # too short to repay compiling
     log.info("adapting %s to %s: %d steps of %d examples (%s)", checkpoint, task.id, args.adapt_steps,
              args.adapt_batch_size, "every weight" if args.adapt_all else "the puzzle embedding")
-    # In this process, so the test hook RUN_SIGNAL_AT stays unarmed (run's default): it would signal solve.py or the page.
+    # In this process: a run inside solve.py or the page, whose points go to no watcher (utils/run/points.py).
     code = puzzle_trainer.run(puzzle_trainer.Launch("cfg_pretrain", settings, arch=arch_file,
                                                     source="the ARC adaptation"))
     if code != 0:

@@ -13,7 +13,6 @@ metrics, the non-finite guard, graceful stop, errors) is the shared run lifecycl
 
 import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
 
-import argparse
 import contextlib
 import dataclasses
 import logging
@@ -34,8 +33,7 @@ from models.checkpoints import ModelWeights, load_pretrained, reference_state_di
 from models.ema import EMAHelper
 from models.layers import attention_backend
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from utils.cli import ArgumentParser
-from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer, describe_keys,
+from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer,
                           leaves, recipe_layers, to_dict)
 from utils.data.builders import build_dataset
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_compatible
@@ -47,7 +45,7 @@ from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.eval.reasoning import SETTING_NAMES, TestTimeCompute, view_grid_side
 from utils.hardware_optimizer import HRM_CONFIGS, compile_model, resolve_hardware_profile
 from utils.optimizer_utils import get_adam_atan2_optimizer
-from utils.run import faults
+from utils.run import points
 from utils.run.checkpointer import Best, Checkpointer
 from utils.run.estimate import LONG_RUN_HOURS, Estimate, StepPace, duration, matmul_rate, step_flops
 from utils.run.guard import NonFiniteGuard
@@ -59,6 +57,7 @@ from utils.run.schedule import LRSchedule
 from utils.run.session import RunSession, open_session, resume_command, stop_run
 from utils.run.stop import GracefulStop
 from utils.run.train_state import Clock, Optimizers, RNGStates, TrainState, Value
+from utils.train.command_line import build_parser
 from utils.train.curriculum import DepthCurriculum, set_depth
 from utils.viz.puzzles import EvalPictures, known_task
 
@@ -106,20 +105,7 @@ def parse_args(argv: list[str]) -> Launch:
     Raises:
         ConfigError: an override that is not ``key=value`` or does not parse (see ``command_line_layer``).
     """
-    parser = ArgumentParser(
-        prog="pretrain.py",
-        description="Train HRM or TRM on a puzzle dataset. Settings come from config/<NAME>.yaml and key=value "
-                    "overrides, merged in the order: defaults, hardware profile, the YAML recipe, the command line.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="settings, each set with key=value (arch.key=value for the architecture's own keys):\n  "
-               + "\n  ".join(describe_keys())
-               + "\n\nexamples:\n  python pretrain.py --config-name=cfg_pretrain_cpu epochs=2000 eval_interval=500\n"
-                 "  python pretrain.py --config-name=cfg_pretrain_apple_silicon device=cpu forward_dtype=float32\n"
-                 "  python pretrain.py --config-name=cfg_pretrain_cpu resume=auto      # continue the newest matching run",
-    )
-    parser.add_argument("--config-name", default="cfg_pretrain", help="config/<NAME>.yaml to load (default: cfg_pretrain)")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. lr=1e-4 arch.hidden_size=256")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     layer, groups = command_line_layer(args.overrides)
     return Launch(args.config_name, OmegaConf.to_container(layer), groups.get("arch"),
                   command=(f"--config-name={args.config_name}", *args.overrides))
@@ -128,20 +114,20 @@ def parse_args(argv: list[str]) -> Launch:
 def main(argv: Optional[list[str]] = None) -> int:
     """``python pretrain.py``: train as the command line (default: ``sys.argv``) says; the exit code."""
     argv = sys.argv[1:] if argv is None else argv
-    return _run_main(lambda: parse_args(argv), signal_hook=True)
+    return _run_main(lambda: parse_args(argv), own_program=True)
 
 
-def run(launch: Launch, *, signal_hook: bool = False) -> int:
+def run(launch: Launch) -> int:
     """Train as ``launch`` says, inside the calling program (the ARC adaptation of ``solve.py`` and the page); the
-    exit code. The test hook ``RUN_SIGNAL_AT`` (utils/run/faults.py) stays unarmed unless ``signal_hook``: it would
-    signal the calling program itself."""
-    return _run_main(lambda: launch, signal_hook=signal_hook)
+    exit code. Its points go to no watcher (utils/run/points.py): they watch the calling program."""
+    return _run_main(lambda: launch, own_program=False)
 
 
-def _run_main(launch: Callable[[], Launch], signal_hook: bool) -> int:
-    """:func:`train` under the shared main wrapper, the launch read inside it (so a bad override is one line)."""
+def _run_main(launch: Callable[[], Launch], own_program: bool) -> int:
+    """:func:`train` under the shared main wrapper, the launch read inside it (so a bad override is one line); with
+    ``own_program``, as the program's own run (:func:`utils.run.points.program_run`)."""
     def body(rank: Dist, stopper: GracefulStop) -> int:
-        with faults.armed(signal_hook):
+        with points.program_run() if own_program else contextlib.nullcontext():
             return train(launch(), rank, stopper)
     return run_main(body)
 
@@ -441,7 +427,7 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
     collector = OutputsCollector(tuple(cfg.eval_save_outputs)) if cfg.eval_save_outputs else None
     pictures = EvalPictures(data.task) if rank.is_main and data.task else None
     consumers = [*data.evaluators, *(c for c in (collector, pictures) if c is not None),
-                 *faults.first_batch_consumers("eval", state.step)]
+                 *points.first_batch_consumers("eval", state.step)]
     set_depth(state.head.model, state.curriculum.full)  # evaluations run the architecture's depth
     with state.ema.swapped() if state.ema is not None else contextlib.nullcontext():
         results = evaluate_puzzles(state.forward, state.head, data.test, device, rank, cfg.eval_max_examples,
@@ -461,6 +447,40 @@ def evaluate(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, d
         tqdm.write(f"step {state.step} eval ({elapsed:.0f} s into the run): "
                    + ", ".join(f"{k}={v:.4f}" for k, v in results.items()))
     return results
+
+
+def first_look(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, device: torch.device, rank: Dist,
+               metrics: MetricsWriter, pace: StepPace, iteration: int) -> None:
+    """The quick evaluation ``first_eval_step`` asks for, so that a run shows learning within minutes: the first
+    ``first_eval_examples`` test examples under the run's test-time compute, with the live weights (an EMA this early
+    is still mostly the initial weights); logged as ``first_eval/*`` and printed with when the first full evaluation
+    comes. The test split's position is put back, and nothing else of the run moves (best.pt, the EMA, the carry, the
+    training batches): the evaluations report what they would without it."""
+    position = data.test.state_dict()
+    set_depth(state.head.model, state.curriculum.full)
+    # Eager: compiling the evaluation's graph now would cost about as long as the first step's compilation.
+    results = evaluate_puzzles(state.head, state.head, data.test, device, rank, cfg.first_eval_examples,
+                               ttc=eval_compute(cfg))
+    state.head.train()
+    data.test.load_state_dict(position)
+    if not rank.is_main:
+        return
+    metrics.log(state.step, {f"first_eval/{k}": v for k, v in results.items()})
+    then = next_evaluation_step(state, data, cfg, iteration)
+    pace_note = f", in about {duration((then - state.step) * pace.per_step)} at this pace" if pace.per_step else ""
+    tqdm.write(f"step {state.step} first look ({state.clock.elapsed_s():.0f} s into the run; {results['count']:.0f} of "
+               f"{data.test.num_examples} test examples, live weights): exact_accuracy={results['exact_accuracy']:.4f}, "
+               f"accuracy={results['accuracy']:.4f}, blank_accuracy={results['blank_accuracy']:.4f}; the first full "
+               f"evaluation comes after step {then}{pace_note}")
+
+
+def next_evaluation_step(state: PuzzleTrainState, data: "PuzzleData", cfg: PretrainConfig, iteration: int) -> int:
+    """The step after which the next full evaluation comes: the end of the first evaluating interval from
+    ``iteration`` on, the rest of this one counted in batches, any later ones at the schedule's mean length."""
+    sampler = data.train.state_dict()
+    left = len(data.train) - sampler["batch"] if sampler["iteration"] == iteration else 0
+    later = max(cfg.min_eval_interval - iteration, 0) * data.total_steps / data.total_iters
+    return min(data.total_steps, state.step + left + round(later))
 
 
 def eval_compute(cfg: PretrainConfig) -> TestTimeCompute:
@@ -529,13 +549,19 @@ def load_data(setup: Setup, rank: Dist) -> PuzzleData:
     check_compatible(metadata, test.metadata, f"{cfg.data_paths} and {test_paths}")
     if cfg.eval_views > 1:  # refused now, not at the first evaluation
         view_grid_side(metadata.seq_len, metadata.num_puzzle_identifiers > 1)
-    total_steps = int(cfg.epochs * metadata.total_groups * metadata.mean_puzzle_examples / cfg.global_batch_size)
+    total_steps = schedule_steps(cfg, metadata)
     if total_steps < 1:
         raise ConfigError(f"the run has no optimizer steps: {metadata.total_groups} groups x {cfg.epochs} epochs "
                           f"< global_batch_size {cfg.global_batch_size}; raise epochs or lower global_batch_size")
     evaluators = make_evaluators(cfg, test_paths)
     return PuzzleData(train, test, evaluators, total_steps, cfg.epochs // cfg.eval_interval, known_task(test.metadata),
                       headline_metric(cfg, evaluators))
+
+
+def schedule_steps(cfg: PretrainConfig, metadata: PuzzleDatasetMetadata) -> int:
+    """The schedule's optimizer steps on a training split described by ``metadata``: epochs x groups x mean examples
+    per puzzle / global batch (an epoch draws one puzzle of each group, as the references' loaders do)."""
+    return int(cfg.epochs * metadata.total_groups * metadata.mean_puzzle_examples / cfg.global_batch_size)
 
 
 def headline_metric(cfg: PretrainConfig, evaluators: list) -> str:
@@ -616,10 +642,7 @@ def report_length(setup: Setup, data: PuzzleData, state: PuzzleTrainState) -> fl
     steps, processes = data.total_steps - state.step, setup.cfg.global_batch_size // setup.local_batch_size
     per_step = (state.train_flops(data.total_steps) - state.train_flops(state.step)) / max(steps, 1) / processes
     estimate = Estimate(per_step, matmul_rate(setup.device, setup.dtype), steps)
-    log.info("estimated time to the end of the schedule: %s (%d steps of %.3g TFLOP at half the %.3g TFLOP/s "
-             "measured for a GEMM on %s; evaluations not counted; told again from the first timed steps)",
-             duration(estimate.seconds), estimate.steps, estimate.flops_per_step / 1e12, estimate.matmul_rate / 1e12,
-             setup.device)
+    log.info(estimate.told(setup.device))
     if setup.device.type == "cpu" and estimate.seconds > LONG_RUN_HOURS * 3600:
         log.warning("this recipe would take about %s on this CPU; the recipes made for a CPU: python pretrain.py "
                     "--config-name=%s (HRM) or --config-name=cfg_pretrain_trm_cpu (TRM)", duration(estimate.seconds),
@@ -633,7 +656,9 @@ def train(launch: Launch, rank: Dist, stopper: GracefulStop) -> int:
     setup = resolve_setup(launch, rank)
     cfg, device = setup.cfg, setup.device
     configure_backends(device, cudnn_benchmark=True, deterministic=cfg.deterministic)
-    data = load_data(setup, rank)
+    # A data build has no step to finish: a stop ends it at once (its workers with it; nothing half-built is published).
+    with stopper.at_once(during="the data preparation (a dataset is published only once built whole)"):
+        data = load_data(setup, rank)
     with session_for(launch, setup, data, rank) as session:
         state = build_state(setup, data, rank, clock, None if session.resume_path else cfg.load_checkpoint)
         checkpointer = Checkpointer(session.run, rank, cfg.keep_last_checkpoints, identity(setup),
@@ -654,12 +679,14 @@ def train(launch: Launch, rank: Dist, stopper: GracefulStop) -> int:
             for iteration in range(state.iterations_done.value, data.total_iters):
                 for batch in data.iteration(iteration, state, device):
                     with stopper.at_once(state.step == first_step):  # compiling: minutes, nothing to save
-                        faults.reach("train", state.step + 1)
+                        points.reach("train", state.step + 1)
                         state.window.add(train_step(state, batch, cfg, rank), cfg.global_batch_size)
                     bar.update(1)
                     pace.step_done(state.step)
                     if state.window.due(state.step, data.total_steps):
                         log_train_point(state, cfg, rank, metrics, bar)
+                    if state.step == cfg.first_eval_step:
+                        first_look(state, data, cfg, device, rank, metrics, pace, iteration)
                     if any_rank(stopper.requested, rank):
                         return stop_run(checkpointer, state, stopper, session, rank)
                 evaluated, improved = evaluates_after(iteration, cfg), False
