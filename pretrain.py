@@ -9,8 +9,20 @@ adaptation of solve.py calls too.
 """
 
 import sys
+from typing import Optional
 
-from utils.train.puzzle_trainer import main
+from utils.train.command_line import build_parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Train as the command line (default: ``sys.argv``) says; the exit code. ``--help`` and a command line argparse
+    refuses are answered before the trainer, and torch with it, is loaded."""
+    argv = sys.argv[1:] if argv is None else argv
+    build_parser().parse_args(argv)
+    from utils.train.puzzle_trainer import main as train
+
+    return train(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

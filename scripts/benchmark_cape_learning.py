@@ -27,8 +27,6 @@ sys.path.insert(0, str(REPO))
 
 from utils.cli import ArgumentParser  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from utils.hardware_optimizer import machine_line  # noqa: E402
-from utils.run.main import cli_main  # noqa: E402
 from utils.run.metrics import read_points  # noqa: E402
 
 
@@ -86,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.output_dir is not None and args.output_dir.exists() and any(args.output_dir.iterdir()):
         parser.error(f"--output-dir {args.output_dir} is not empty: name a new folder")
     run_dir = args.output_dir or Path(tempfile.mkdtemp(prefix="cape-learning-"))
+    # Imported after the parse: --help is answered without torch.
+    from utils.hardware_optimizer import machine_line
+    from utils.run.main import cli_main
 
     def body() -> int:
         print(machine_line())

@@ -43,8 +43,6 @@ from utils.cli import ArgumentParser  # noqa: E402
 from utils.config import recipe_config  # noqa: E402
 from utils.data.builders import build_dataset  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from utils.hardware_optimizer import machine_line  # noqa: E402
-from utils.run.main import cli_main  # noqa: E402
 from utils.run.metrics import read_points  # noqa: E402
 from utils.run.stop import signal_exit_code  # noqa: E402
 
@@ -238,6 +236,9 @@ def read_results(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Imported after the parse: --help is answered without torch.
+    from utils.hardware_optimizer import machine_line
+    from utils.run.main import cli_main
 
     def body() -> int:
         if args.report:

@@ -39,8 +39,6 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from utils.cli import ArgumentParser  # noqa: E402
-from utils.data.sudoku import build_dataset  # noqa: E402
-from utils.data.synthetic_cape import build as build_cape  # noqa: E402
 from utils.device import cpu_name  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
@@ -335,6 +333,9 @@ def stop(signum: int, _frame) -> None:
 def build_data(work: Path) -> tuple[Path, Path]:
     """The tiny Sudoku and synthetic MP-100 datasets in ``work``; the builders' reports and progress bars are not
     shown (one line per check here)."""
+    from utils.data.sudoku import build_dataset  # here, not at the top: numba and the generators, not for --help
+    from utils.data.synthetic_cape import build as build_cape
+
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         build_dataset(work / "sudoku", generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)
         cape = build_cape(work / "cape-data", num_categories=10, instances_per_category=20, image_size=64, seed=0)

@@ -14,21 +14,21 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
-from PIL import Image  # noqa: E402
-
-import models.cape.predict as predict  # noqa: E402
-from models.cape.checkpoint import load_trained  # noqa: E402
 from utils.cli import ArgumentParser  # noqa: E402
-from utils.data.mp100 import Category, Instance, skeleton_adjacency  # noqa: E402
-from utils.device import select_device  # noqa: E402
 from utils.outputs import check_writable_dir, check_writable_file, unused_name, write_atomically  # noqa: E402
-from utils.run.main import cli_main  # noqa: E402
-from utils.viz.pose import prediction_picture  # noqa: E402
+
+# The model, the images and the pictures are imported where they are used: --help is answered without them.
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+    import models.cape.predict as predict
+    from utils.data.mp100 import Instance
 
 FORMAT = """support keypoints file (--support-keypoints), JSON, one entry per --support image in the same order:
   {"supports": [{"keypoints": [[x, y], ...],   N points in that image's pixels (x right, y down, from the
@@ -74,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         PoseInputError, OutputPathError, CheckpointError, DeviceError: bad input, one line each.
     """
+    import numpy as np
+
+    import models.cape.predict as predict
+    from models.cape.checkpoint import load_trained
+    from utils.data.mp100 import Category, skeleton_adjacency
+    from utils.device import select_device
+
     out = Path(args.out)
     check_writable_dir(out, "--out")
     wanted = ["predictions.json"] + [picture_name(i, q) for i, q in enumerate(args.query)]
@@ -118,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
 def draw(args, supports: list[Instance], query: Instance, pred: np.ndarray, shown: np.ndarray,
          poses: predict.SupportPoses) -> Image.Image:
     """The picture of one query: the support images with their keypoints, the query with its predictions."""
+    from PIL import Image
+
+    from utils.viz.pose import prediction_picture
+
     opened = []
     for inst in supports:
         with Image.open(inst.image_path) as im:
@@ -131,6 +142,8 @@ def draw(args, supports: list[Instance], query: Instance, pred: np.ndarray, show
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from utils.run.main import cli_main
+
     return cli_main(lambda: run(args))
 
 

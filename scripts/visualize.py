@@ -13,8 +13,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
 
 from utils.cli import ArgumentParser  # noqa: E402
-from utils.run.main import cli_main  # noqa: E402
-from utils.viz.puzzles import write_gallery  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -51,10 +49,15 @@ def main(argv=None) -> int:
     parser.add_argument("--num", type=int, default=16, help="number of pictures: the first example of each of the "
                         "first N groups, or the first N rows of the outputs (default: 16)")
     args = parser.parse_args(argv)
-    index = write_gallery(args.data_path, args.out, split=args.split, outputs=args.outputs, num=args.num)
-    print(f"wrote {index}")
-    return 0
+    # Imported after the parse: --help is answered without torch.
+    from utils.run.main import cli_main
+    from utils.viz.puzzles import write_gallery
+
+    def draw() -> int:
+        print(f"wrote {write_gallery(args.data_path, args.out, split=args.split, outputs=args.outputs, num=args.num)}")
+        return 0
+    return cli_main(draw)
 
 
 if __name__ == "__main__":
-    sys.exit(cli_main(main))
+    sys.exit(main())

@@ -363,3 +363,15 @@ def test_a_failed_start_claims_nothing_and_an_empty_checkpoint_restarts_the_log(
     assert trainer.main(flags + ["--resume", "auto"]) == 0  # starts over: best.pt is never a resume source
     steps = [m["step"] for m in read_metrics(out / "metrics.jsonl") if "train/loss" in m]
     assert steps == [1, 2]  # the log restarted with the run, no step twice
+
+
+def test_newcomer_the_length_estimate_comes_before_the_first_step(data_root, tmp_path, caplog):
+    """device=cpu: as the puzzle trainer does, the CAPE trainer tells the length of its schedule from FLOPs before
+    its first step, then again from its timed steps."""
+    caplog.set_level("INFO")
+    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
+                          "--episodes_per_epoch", "8", "--no-use_amp"]
+    assert trainer.main(flags) == 0
+    told = caplog.text
+    assert "estimated time to the end of the schedule: " in told and " (8 steps of " in told
+    assert told.index("estimated time to the end") < told.index("the first step took") < told.index("measured: ")

@@ -176,3 +176,26 @@ def test_arc_run_scores_with_voting_saves_outputs_and_pictures(arc_dir, tmp_path
     assert "eval/example_0" in events.Tags()["images"]
     picture = Image.open(run / "pictures" / f"eval_example_0_step_{step}.png")
     assert picture.mode == "RGB" and min(picture.size) > 8
+
+
+def test_newcomer_a_first_look_comes_early_and_moves_nothing_else(sudoku_dir, tmp_path, capsys):
+    """device=cpu: first_eval_step=2 prints a held-out accuracy after step 2 with when the first full evaluation
+    comes (after step 4, the end of the first evaluation interval of 2); that run's evaluations and weights are
+    bitwise those of the same run without it."""
+    short = ("ema=true", "ema_rate=0.9", "epochs=2", "eval_interval=1")
+    assert pretrain.main(trm(sudoku_dir, tmp_path / "plain", *short)) == 0
+    capsys.readouterr()
+    assert pretrain.main(trm(sudoku_dir, tmp_path / "look", *short, "first_eval_step=2")) == 0
+    printed = capsys.readouterr()
+    look = next(line for line in (printed.out + printed.err).splitlines() if "first look" in line)
+    assert look.startswith("step 2 first look (") and "16 of 16 test examples, live weights): exact_accuracy=" in look
+    assert "; the first full evaluation comes after step 4, in about " in look
+    points = [json.loads(line) for line in (tmp_path / "look" / "metrics.jsonl").read_text().splitlines()]
+    assert [p["step"] for p in points if "first_eval/blank_accuracy" in p] == [2]
+
+    def scores(run):
+        return [{k: v for k, v in p.items() if "elapsed" not in k} for p in eval_points(run)]
+    assert scores(tmp_path / "look") == scores(tmp_path / "plain") and len(scores(tmp_path / "plain")) == 2
+    a, b = safe_load(tmp_path / "plain" / "step_8.pt"), safe_load(tmp_path / "look" / "step_8.pt")
+    for part in ("model", "live_model", "ema"):
+        assert all(torch.equal(value, b[part][key]) for key, value in a[part].items()), part

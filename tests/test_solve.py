@@ -108,7 +108,7 @@ def test_puzzle_checks_and_one_line_errors(capsys, tmp_path):
     path[1, 2] = path[1, 3] = path[2, 3] = 5  # S (1,1) -> (1,2) -> (1,3) -> (2,3) -> G (3,3)
     assert size == 5 and maze_problems(path.ravel(), maze) == []
     path[2, 3] = 2
-    assert maze_problems(path.ravel(), maze) == ["the path does not connect S to G"]
+    assert maze_problems(path.ravel(), maze) == ["broken: the marked cells do not connect S to G"]
     with pytest.raises(PuzzleInputError, match="row 2, column 3: 'x' is not a digit"):
         parse_sudoku(SUDOKU[:11] + "x" + SUDOKU[12:], "the puzzle")
     with pytest.raises(PuzzleInputError, match="row 1 already holds 5 twice"):
@@ -174,3 +174,59 @@ def test_campaign4_p20_ctrl_c_during_a_solve_exits_130_without_a_traceback(tmp_p
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=120)
     assert process.returncode == 130 and err == "stopped (Ctrl-C)\n", err
+
+
+# A loop: S to G along the top row in 4 moves, or around through the bottom row in 8.
+LOOP = "#######\n#S   G#\n# ### #\n#     #\n#######\n#######\n#######\n"
+SHORT, LONG = [(1, 2), (1, 3), (1, 4)], [(2, 1), (3, 1), (3, 2), (3, 3), (3, 4), (3, 5), (2, 5)]
+
+
+def marked(cells) -> tuple[np.ndarray, np.ndarray]:
+    """LOOP's tokens and an answer marking ``cells`` as the path."""
+    maze, size = parse_maze(LOOP, "loop")
+    answer = maze.copy().reshape(size, size)
+    for cell in cells:
+        answer[cell] = 5
+    return answer.ravel(), maze
+
+
+@pytest.mark.parametrize("cells,why", [
+    (SHORT, []),
+    (SHORT + LONG[:2], ["extra cells: 2 marked cell(s) off the path from S to G (a dead end or a second branch)"]),
+    (SHORT + LONG, ["extra cells: 7 marked cell(s) off the path from S to G (a dead end or a second branch)"]),
+    (LONG, ["not the shortest: the marked path takes 8 moves from S to G, the shortest 4"]),
+    (SHORT[:1] + SHORT[2:], ["broken: the marked cells do not connect S to G"]),
+], ids=["the shortest path", "a dead end", "both branches of a loop", "a longer path", "a broken path"])
+def test_newcomer_a_maze_answer_is_consistent_only_as_one_shortest_path(cells, why):
+    """device=cpu (no model): the marked cells must be exactly one shortest S-to-G path; else one line says why."""
+    assert maze_problems(*marked(cells)) == why
+
+
+def test_newcomer_a_maze_without_a_route_and_changed_walls_are_named():
+    maze, size = parse_maze("#####\n#S# #\n### #\n#  G#\n#####\n", "walled")
+    assert maze_problems(maze, maze) == ["S and G are not connected in this maze: no path can be marked"]
+    answer, loop = marked(SHORT)
+    answer[0] = 2  # a wall opened
+    assert maze_problems(answer, loop) == ["1 wall/S/G cell(s) changed"]
+
+
+def test_newcomer_generated_maze_answers_stay_consistent_in_every_view():
+    """The answers the maze builder writes (the bundled model's held-out stream, 10x10, and a 30x30 Maze-Hard-sized
+    one), in all 8 dihedral views as voted evaluations map them, are consistent: exact answers keep their verdict."""
+    from utils.data.common import dihedral
+    from utils.data.maze import generate_maze
+
+    mazes = [generate_maze(np.random.default_rng([0, 1, i]), 10) for i in range(8)]
+    mazes.append(generate_maze(np.random.default_rng([0, 1, 0]), 30))
+    for question, answer in mazes:
+        for t in range(8):
+            assert maze_problems(dihedral(answer, t).ravel(), dihedral(question, t).ravel()) == []
+
+
+def test_newcomer_the_shipped_example_maze_is_answered_by_the_bundled_model(tmp_path, capsys, monkeypatch):
+    """device=cpu: README's "Try it" maze line as written, from the repository root: the shipped example (maze 0 of
+    the bundled model's held-out split) is answered by the bundled 10x10 model, and the verdict is printed."""
+    monkeypatch.chdir(ROOT)
+    assert solve.main(["--device", "cpu", "--maze", "docs/examples/maze_10x10.txt", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "model: the bundled model for 10x10 mazes" in printed and "\nmaze_10x10: consistent\n" in printed

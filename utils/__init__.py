@@ -5,6 +5,18 @@ before torch is imported, so it is set here: every entry point imports ``utils``
 before it touches torch.
 """
 
+import logging
 import os
 
 os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+
+
+def _not_the_cuda_home_note(record: logging.LogRecord) -> bool:
+    """False for torch's ``No CUDA runtime is found, using CUDA_HOME=...`` alone. torch.utils.cpp_extension logs it
+    on import where a CUDA toolkit is installed but torch finds no GPU, and torch.compile imports that module on a
+    CPU, so the line landed in CPU runs' progress bars; it concerns building CUDA extensions, which a machine without
+    CUDA never does. The logger's other records pass."""
+    return not record.getMessage().startswith("No CUDA runtime is found")
+
+
+logging.getLogger("torch.utils.cpp_extension").addFilter(_not_the_cuda_home_note)

@@ -79,6 +79,10 @@ class PretrainConfig:
     checkpoint_every_eval: bool = setting(True, "save a checkpoint after every evaluation (else only at the end)")
     min_eval_interval: int = setting(0, "the first evaluation is after this many eval intervals (TRM)")
     eval_max_examples: Optional[int] = setting(None, "test examples per evaluation; null: the whole test split")
+    first_eval_step: int = setting(
+        0, "a first, quick look after this many optimizer steps: first_eval_examples test examples, the live weights, "
+        "logged as first_eval/* (best.pt and the evaluations above are untouched); 0: none")
+    first_eval_examples: int = setting(64, "test examples of the first_eval_step look (whole batches)")
     evaluators: Optional[list[dict[str, Any]]] = setting(
         None, "evaluators run on the test outputs ([{name: arc@ARC}], or by name: evaluators=[ARC]); "
         "null: the ARC evaluator for ARC datasets, none otherwise")
@@ -150,8 +154,9 @@ class PretrainConfig:
 # left out of the settings fingerprint that identifies "the same run" (utils/run/run_dir.py).
 RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "logger", "log_interval",
                     "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
-                    "eval_max_examples", "evaluators", "eval_save_outputs", "eval_halt_max_steps", "eval_early_exit",
-                    "eval_min_segments", "eval_rollouts", "eval_noise", "eval_views", "best_metric")
+                    "eval_max_examples", "first_eval_step", "first_eval_examples", "evaluators", "eval_save_outputs",
+                    "eval_halt_max_steps", "eval_early_exit", "eval_min_segments", "eval_rollouts", "eval_noise",
+                    "eval_views", "best_metric")
 EVALUATORS = {"arc@ARC": "ARC", "ARC": "ARC", "arc": "ARC"}  # TRM's names, and ours
 # Every float setting: (low, high, whether high itself is excluded). The published recipes (HRM: lr 1e-4 and 7e-5,
 # puzzle_emb_lr 1e-2 and 7e-5, weight_decay 0.1 to 1.0; TRM: lr 1e-4, weight_decay 1.0, ema_rate 0.999) sit well inside.
@@ -447,6 +452,8 @@ def check_ranges(cfg: PretrainConfig) -> None:
         _require(all(isinstance(p, str) and p for p in getattr(cfg, key)), key, getattr(cfg, key),
                  "must be a list of dataset directories")
     _require(cfg.min_eval_interval >= 0, "min_eval_interval", cfg.min_eval_interval, "must be 0 or more")
+    _require(cfg.first_eval_step >= 0, "first_eval_step", cfg.first_eval_step, "must be 0 (none) or more")
+    _require(cfg.first_eval_examples >= 1, "first_eval_examples", cfg.first_eval_examples, "must be at least 1")
     bad = [k for k in cfg.eval_save_outputs if k not in SAVE_OUTPUT_KEYS]
     _require(not bad, "eval_save_outputs", cfg.eval_save_outputs, f"use any of {', '.join(SAVE_OUTPUT_KEYS)}")
     for key in ("project_name", "run_name"):

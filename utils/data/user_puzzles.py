@@ -140,9 +140,14 @@ def parse_maze(text: str, where: str) -> tuple[np.ndarray, int]:
 
 
 def maze_problems(answer: np.ndarray, maze: np.ndarray) -> list[str]:
-    """What makes ``answer`` (tokens [size²]) not a path through ``maze`` (tokens [size²]); empty when it is one.
+    """What makes ``answer`` (tokens [size²]) not the solution of ``maze`` (tokens [size²]); empty when it is one.
 
-    Checks that walls, S and G are kept, the path lies on open cells, and path cells connect S to G (4-neighbours).
+    The solution is the maze with exactly the cells of one shortest S-to-G path marked ``o`` (4-neighbour moves over
+    the open cells, S and G themselves not marked), as the maze builder writes answers (utils/data/maze.py) and the
+    reference's Maze-Hard CSVs hold them. Each problem is one line: walls, S or G changed; open cells marked other
+    than open or path; the marked cells do not connect S to G (broken); they do, but over more moves than the
+    shortest path (breadth-first search over the maze's open cells); marked cells off that S-to-G path (a dead end,
+    or a second branch of a loop).
     """
     size = int(np.sqrt(maze.size))
     problems = []
@@ -151,18 +156,36 @@ def maze_problems(answer: np.ndarray, maze: np.ndarray) -> list[str]:
         problems.append(f"{int((answer[kept] != maze[kept]).sum())} wall/S/G cell(s) changed")
     if not np.isin(answer[~kept], (OPEN, PATH)).all():
         problems.append("open cells marked as something other than open or path")
-    walkable = (answer.reshape(size, size) == PATH) | (maze.reshape(size, size) >= START)
-    start = divmod(int(np.flatnonzero(maze == START)[0]), size)
-    seen, queue = {start}, deque([start])
+    marked = (answer == PATH) & ~kept
+    start, goal = (divmod(int(np.flatnonzero(maze == token)[0]), size) for token in (START, GOAL))
+    shortest = _moves(maze.reshape(size, size) != WALL, start, goal)
+    if shortest is None:
+        return problems + ["S and G are not connected in this maze: no path can be marked"]
+    walked = _moves((marked | (maze == START) | (maze == GOAL)).reshape(size, size), start, goal)
+    if walked is None:
+        return problems + ["broken: the marked cells do not connect S to G"]
+    if walked > shortest:
+        problems.append(f"not the shortest: the marked path takes {walked} moves from S to G, the shortest {shortest}")
+    extra = int(marked.sum()) - (walked - 1)
+    if extra:
+        problems.append(f"extra cells: {extra} marked cell(s) off the path from S to G (a dead end or a second branch)")
+    return problems
+
+
+def _moves(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> int | None:
+    """The fewest 4-neighbour moves from ``start`` to ``goal`` over the True cells of ``walkable`` (bool [size, size]),
+    by breadth-first search; None when ``goal`` cannot be reached."""
+    size = len(walkable)
+    distance, queue = {start: 0}, deque([start])
     while queue:
         r, c = queue.popleft()
+        if (r, c) == goal:
+            return distance[goal]
         for nr, nc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
-            if 0 <= nr < size and 0 <= nc < size and walkable[nr, nc] and (nr, nc) not in seen:
-                seen.add((nr, nc))
+            if 0 <= nr < size and 0 <= nc < size and walkable[nr, nc] and (nr, nc) not in distance:
+                distance[nr, nc] = distance[r, c] + 1
                 queue.append((nr, nc))
-    if divmod(int(np.flatnonzero(maze == GOAL)[0]), size) not in seen:
-        problems.append("the path does not connect S to G")
-    return problems
+    return None
 
 
 def format_sudoku(tokens: np.ndarray) -> str:

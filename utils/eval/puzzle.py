@@ -119,7 +119,10 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
     sums: dict[str, torch.Tensor] = {key: torch.zeros((), dtype=torch.float64, device=device)
                                      for band in bands for key in band_keys(band)}
     seen = 0
-    bar = tqdm(desc="eval", unit="ex", disable=not (progress and rank.is_main), leave=False)
+    total = loader.num_examples  # with a total, the bar shows the time left
+    if max_examples is not None:  # whole batches, up to the first that reaches max_examples
+        total = min(total, -(-max_examples // loader.global_batch_size) * loader.global_batch_size)
+    bar = tqdm(total=total, desc="eval", unit="ex", disable=not (progress and rank.is_main), leave=False)
     for _set_name, batch, effective in loader:
         batch = {k: v.to(device) for k, v in batch.items()}
         row_bands = batch.pop(RATING_BAND_KEY, None)

@@ -30,6 +30,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 STEP_EFFICIENCY = 0.5  # share of the GEMM rate a training step reaches (see the module docstring)
+# A backward pass costs about twice its forward (Kaplan et al. 2020, arXiv 2001.08361, Sec. 2.1: 2N FLOPs per token
+# forward, 4N backward): for a step counted from its forward alone (the CAPE trainer counts one episode's forward on
+# the run's own model, without gradients; its autocast does not run on the meta device).
+BACKWARD_PER_FORWARD = 2.0
 TIMED_MIN_S, TIMED_MIN_STEPS, TIMED_MAX_STEPS = 2.0, 5, 500  # StepPace's timed steps after the first
 LONG_RUN_HOURS = 4.0  # past this on a CPU or MPS, the run names the recipe that fits
 
@@ -46,6 +50,13 @@ class Estimate:
     def seconds(self) -> float:
         return self.steps * self.flops_per_step / (STEP_EFFICIENCY * self.matmul_rate)
 
+    def told(self, device: torch.device) -> str:
+        """The start-up line of a trainer: the time to the end of the schedule and how it was reckoned."""
+        return (f"estimated time to the end of the schedule: {duration(self.seconds)} ({self.steps} steps of "
+                f"{self.flops_per_step / 1e12:.3g} TFLOP at {STEP_EFFICIENCY:.0%} of the {self.matmul_rate / 1e12:.3g} "
+                f"TFLOP/s measured for a GEMM on {device}; evaluations not counted; told again from the first timed "
+                "steps)")
+
 
 def step_flops(meta_head, batch_size: int, seq_len: int) -> int:
     """FLOPs of one training step of ``meta_head`` (a loss head built on the ``meta`` device) at ``batch_size``."""
@@ -53,9 +64,17 @@ def step_flops(meta_head, batch_size: int, seq_len: int) -> int:
              "labels": torch.ones(batch_size, seq_len, dtype=torch.int32, device="meta"),
              "puzzle_identifiers": torch.zeros(batch_size, dtype=torch.int32, device="meta")}
     meta_head.train()
-    with FlopCounterMode(display=False) as counter:
+
+    def step() -> None:
         _, loss, *_ = meta_head(meta_head.initial_carry(batch), batch)
         loss.backward()
+    return counted_flops(step)
+
+
+def counted_flops(work: Callable[[], object]) -> int:
+    """FLOPs of ``work()`` (matrix products, convolutions and attention, as FlopCounterMode counts them)."""
+    with FlopCounterMode(display=False) as counter:
+        work()
     return counter.get_total_flops()
 
 
@@ -65,9 +84,10 @@ def synchronize(device: torch.device) -> None:
 
 
 def matmul_rate(device: torch.device, dtype: torch.dtype, size: int = 1024, seconds: float = 0.2) -> float:
-    """FLOP/s of a ``size`` x ``size`` GEMM in ``dtype`` on ``device``, timed for about ``seconds``."""
-    a = torch.randn(size, size, device=device).to(dtype)
-    b = torch.randn(size, size, device=device).to(dtype)
+    """FLOP/s of a ``size`` x ``size`` GEMM in ``dtype`` on ``device``, timed for about ``seconds``. The operands come
+    from a generator of their own: the run's random streams, restored on a resume, do not move."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=generator).to(device, dtype) for _ in range(2))
     torch.mm(a, b)
     synchronize(device)
     runs, start = 0, time.perf_counter()
@@ -122,6 +142,11 @@ class StepPace:
             report("compiling the training step: the first step builds its kernels (about a minute with an empty "
                    "torch.compile cache; TORCHINDUCTOR_CACHE_DIR keeps them for the next run)")
 
+    @property
+    def per_step(self) -> Optional[float]:
+        """The median seconds of the steps timed so far (the first one left out); None before any."""
+        return statistics.median(self._seconds) if self._seconds else None
+
     def begin(self) -> None:
         """Call before the first step."""
         if self.report is not None:
@@ -143,7 +168,7 @@ class StepPace:
         n, rest = len(self._seconds), self.total_steps - step
         if n < min(TIMED_MAX_STEPS, rest) and (n < TIMED_MIN_STEPS or sum(self._seconds) < TIMED_MIN_S):
             return
-        per_step = statistics.median(self._seconds)
+        per_step = self.per_step
         bound = "" if per_step * rest < 2 * self.flop_seconds else (
             f"; the FLOP estimate said {duration(self.flop_seconds)}: these steps are bound by more than their FLOPs "
             "(for a small model on a GPU, kernel launches and host work)")
