@@ -13,6 +13,7 @@ import pytest
 from tqdm import tqdm
 
 from scripts import check_gpu as script
+from utils.data import sudoku as sudoku_data, synthetic_cape
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,7 +134,7 @@ def test_campaign4_p25_the_datasets_are_built_without_progress_bars(tmp_path, mo
             pass
         print("wrote it")
         return tmp_path
-    monkeypatch.setattr(script, "build_dataset", noisy)
-    monkeypatch.setattr(script, "build_cape", noisy)
+    monkeypatch.setattr(sudoku_data, "build_dataset", noisy)  # build_data imports them when it runs
+    monkeypatch.setattr(synthetic_cape, "build", noisy)
     script.build_data(tmp_path)
     assert capfd.readouterr() == ("", "")
