@@ -9,7 +9,8 @@ import torch
 
 from models import build_model, validate_arch
 from utils.data.common import dihedral, inverse_dihedral
-from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, add_test_time_arguments, reason, vote
+from utils.eval.flags import add_test_time_arguments
+from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, reason, vote
 from utils.eval.reasoning import test_time_compute as from_flags  # a test_* name pytest would collect
 
 SEQ, VOCAB, BATCH = 16, 6, 5  # a 4 x 4 grid
@@ -163,3 +164,21 @@ def test_without_flags_a_run_is_scored_with_its_own_evaluation_settings():
     assert from_flags(parser.parse_args([])).plain
     with pytest.raises(TestTimeComputeError, match="--min-segments=0 is out of range"):  # as the user typed it
         from_flags(parser.parse_args(["--min-segments", "0"]), run)
+
+
+def test_newcomer_checked_selection_keeps_only_a_shortest_maze_path():
+    """device=cpu: checked selection (and so solve.py, the page and evaluate.py --checked, which share RULES) calls a
+    maze answer with a dead end or both branches of a loop wrong, and the one shortest path right."""
+    import numpy as np
+
+    from utils.data.user_puzzles import maze_problems, parse_maze
+    from utils.eval.reasoning import RULES, rules_checker
+
+    maze, size = parse_maze("#####\n#S  #\n# # #\n#  G#\n#####\n", "loop")  # two shortest paths of 4 moves
+    answers = np.repeat(maze.reshape(1, size, size), 3, axis=0)
+    answers[:, 1, 2] = answers[:, 1, 3] = answers[:, 2, 3] = 5  # S > right > right > down > G
+    answers[1, 2, 1] = 5  # a dead end below S
+    answers[2, 2, 1] = answers[2, 3, 1] = answers[2, 3, 2] = 5  # and the other way round as well
+    inputs = torch.from_numpy(np.stack([maze] * 3))
+    assert RULES["maze"] is maze_problems
+    assert rules_checker("maze")(inputs, torch.from_numpy(answers.reshape(3, -1))).tolist() == [True, False, False]

@@ -43,6 +43,7 @@ from models.act import Carry
 from utils.data.common import dihedral
 from utils.data.user_puzzles import maze_problems, sudoku_problems
 from utils.errors import UserError
+from utils.eval.flags import FLAG_NAMES, SETTING_NAMES, TEST_TIME_FLAGS
 
 MAX_SEED = 2**62  # rollout k draws with seed + k in a 64-bit generator
 
@@ -141,15 +142,30 @@ class TestTimeCompute:
 def initial_carry(head, batch: dict[str, torch.Tensor], noise: float, seed: int) -> Carry:
     """The carry every row starts from (``H_init``/``L_init``, the batch's data), with seeded Gaussian noise of std
     ``noise`` added to the latent state (drawn on the CPU, so a seed gives the same noise on every device)."""
-    carry = head.initial_carry(batch)
-    model = head.model
-    inner = model.inner.reset_carry(carry.halted, carry.inner_carry)
-    if noise:
-        generator = torch.Generator().manual_seed(seed)
-        inner = dataclasses.replace(inner, **{
-            name: z + (noise * torch.randn(z.shape, generator=generator)).to(z.device, z.dtype)
-            for name, z in dataclasses.asdict(inner).items()})
-    return Carry(inner, torch.zeros_like(carry.steps), torch.zeros_like(carry.halted), dict(batch))
+    return stacked_initial_carry(head, batch, [(noise, seed)])
+
+
+def stacked_initial_carry(head, batch: dict[str, torch.Tensor], draws: list[tuple[float, int]]) -> Carry:
+    """The initial carries of ``len(draws)`` rollouts of ``batch`` [B, ...] stacked into one carry of
+    ``len(draws) x B`` rows (rollout-major): rollout i's B rows start from the model's initial state plus Gaussian
+    noise of std ``draws[i][0]`` drawn, latent by latent, from a CPU generator seeded ``draws[i][1]``: row for row
+    the noise :func:`initial_carry` gives that rollout alone, so rollouts answered side by side answer as they do
+    one after the other."""
+    rows = {k: v.repeat(len(draws), *[1] * (v.ndim - 1)) for k, v in batch.items()}
+    carry = head.initial_carry(rows)
+    inner = head.model.inner.reset_carry(carry.halted, carry.inner_carry)
+    if any(noise for noise, _ in draws):
+        latents = dataclasses.asdict(inner)
+        size = batch["inputs"].shape[0]
+        drawn = {name: [] for name in latents}
+        for noise, seed in draws:
+            generator = torch.Generator().manual_seed(seed)
+            for name, z in latents.items():  # the order initial_carry draws in
+                one = torch.randn((size, *z.shape[1:]), generator=generator)
+                drawn[name].append(noise * one if noise else torch.zeros_like(one))
+        inner = dataclasses.replace(inner, **{name: z + torch.cat(drawn[name]).to(z.device, z.dtype)
+                                              for name, z in latents.items()})
+    return Carry(inner, torch.zeros_like(carry.steps), torch.zeros_like(carry.halted), rows)
 
 
 @torch.no_grad()
@@ -276,13 +292,29 @@ def checked_better(passes: torch.Tensor, q_halt: torch.Tensor, kept_passes: torc
     return (passes > kept_passes) | ((passes == kept_passes) & (q_halt > kept_q_halt))
 
 
+# Rows one forward call holds when rollouts of a small batch are answered side by side. On a GPU, as many as fit
+# (256: a large matrix product keeps it busy). On a CPU a segment pass is fastest at about a thousand tokens a call:
+# measured with the bundled Sudoku model on a 2-core AVX2 EPYC, passes/s rose from 22 (1 row) to 46 (8-16 rows of 81
+# tokens) and fell to 24 at 128 rows, whose activations no longer fit in the cache (scripts/benchmark_passes.py).
+ROLLOUT_ROWS = 256
+CPU_TOKENS_PER_CALL = 1024
+
+
+def rows_per_call(device: torch.device, seq_len: int) -> int:
+    """How many rows (puzzle x rollout) one forward call of rollouts side by side holds on ``device``, for puzzles
+    of ``seq_len`` tokens: :data:`ROLLOUT_ROWS`, on a CPU at most :data:`CPU_TOKENS_PER_CALL` tokens' worth."""
+    if device.type == "cpu":
+        return max(1, min(ROLLOUT_ROWS, CPU_TOKENS_PER_CALL // seq_len))
+    return ROLLOUT_ROWS
+
+
 def rollouts(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
              stop: Optional[Callable[[], bool]] = None) -> Iterator[dict[str, torch.Tensor]]:
     """Each of the ``ttc.rollouts`` rollouts of one view of the batch, in order, as :func:`reason` returns an answer
-    (without views): rollout 0 from the initial state, rollout k from it plus noise seeded ``ttc.seed + k``."""
-    total = ttc.segments or head.model.config.halt_max_steps
-    for k in range(ttc.rollouts):
-        yield _rollout(forward, head, batch, ttc, total, noise=ttc.noise if k else 0.0, seed=ttc.seed + k, stop=stop)
+    (without views): rollout 0 from the initial state, rollout k from it plus noise seeded ``ttc.seed + k``. They
+    are answered side by side (:func:`rollout_answers`), with the same answers as one at a time."""
+    draws = [(ttc.noise if k else 0.0, ttc.seed + k) for k in range(ttc.rollouts)]
+    yield from rollout_answers(forward, head, batch, ttc, draws, stop)
 
 
 def _keep(better: torch.Tensor, run: dict[str, torch.Tensor], best: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -290,16 +322,37 @@ def _keep(better: torch.Tensor, run: dict[str, torch.Tensor], best: dict[str, to
     return {key: torch.where(better.view(-1, *[1] * (v.ndim - 1)), v, best[key]) for key, v in run.items()}
 
 
-def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute, total: int,
-             noise: float, seed: int, stop: Optional[Callable[[], bool]]) -> dict[str, torch.Tensor]:
-    carry = initial_carry(head, batch, noise, seed)
+def rollout_answers(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
+                    draws: list[tuple[float, int]], stop: Optional[Callable[[], bool]] = None
+                    ) -> Iterator[dict[str, torch.Tensor]]:
+    """The answers of the rollouts ``draws`` ((noise std, seed) each, :func:`stacked_initial_carry`) of ``batch``
+    [B, ...] under ``ttc``'s segments and early exit, in order, one per rollout, keyed as :func:`reason`'s (without
+    views and checks). Rollouts are answered side by side, as many per forward call as :func:`rows_per_call` holds
+    (one at a time when the batch alone fills a call): many small matrix products become a few larger ones, and
+    since rows never mix the answers are those of one rollout at a time.
+
+    Raises:
+        Cancelled: ``stop`` said so before a segment.
+    """
+    inputs = batch["inputs"]
+    together = max(1, rows_per_call(inputs.device, inputs.shape[1]) // inputs.shape[0])
+    for first in range(0, len(draws), together):
+        yield from _side_by_side(forward, head, batch, ttc, draws[first:first + together], stop)
+
+
+def _side_by_side(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
+                  draws: list[tuple[float, int]], stop: Optional[Callable[[], bool]]) -> list[dict[str, torch.Tensor]]:
+    """The answers of the rollouts ``draws`` of ``batch``, in one batch of ``len(draws) x B`` rows."""
+    total = ttc.segments or head.model.config.halt_max_steps
+    carry = stacked_initial_carry(head, batch, draws)
+    rows = carry.current_data
     stopped = torch.zeros_like(carry.halted)
     kept: dict[str, torch.Tensor] = {}
     frames, confidences = [], []
     for t in range(1, total + 1):
         if stop is not None and stop():
             raise Cancelled(f"stopped before segment {t} of {total}")
-        carry, _, _, outputs, _ = forward(carry, batch)
+        carry, _, _, outputs, _ = forward(carry, rows)
         carry.halted = torch.zeros_like(carry.halted)  # keep reasoning past the ACT wrapper's own halting
         fresh = {"logits": outputs["logits"], "q_halt_logits": outputs["q_halt_logits"].float(),
                  "segments": torch.full_like(carry.steps, t)}
@@ -317,7 +370,7 @@ def _rollout(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestT
         frames += frames[-1:] * (total - len(frames))  # rows that all stopped early hold their answer
         confidences += confidences[-1:] * (total - len(confidences))
         kept["segment_preds"], kept["segment_q_halt"] = torch.stack(frames, 1), torch.stack(confidences, 1)
-    return kept
+    return [dict(zip(kept, parts)) for parts in zip(*(v.chunk(len(draws)) for v in kept.values()))]
 
 
 RULES = {"sudoku": sudoku_problems, "maze": maze_problems}  # what keeps an answer from being a solution, by task
@@ -340,42 +393,6 @@ def rules_checker(task: Optional[str]) -> Callable[[torch.Tensor, torch.Tensor],
         rows = zip(inputs.cpu().numpy(), preds.cpu().numpy())
         return torch.tensor([bool(puzzle.any()) and not problems(answer, puzzle) for puzzle, answer in rows])
     return check
-
-
-TEST_TIME_FLAGS = ("segments", "early_exit", "min_segments", "rollouts", "noise", "views")
-# How a user sets each TestTimeCompute attribute: as flags of evaluate.py and solve.py, or as a run's settings.
-FLAG_NAMES = {"segments": "--segments", "min_segments": "--min-segments", "rollouts": "--rollouts", "noise": "--noise",
-              "views": "--views", "seed": "--rollout-seed"}
-SETTING_NAMES = {"segments": "eval_halt_max_steps", "min_segments": "eval_min_segments", "rollouts": "eval_rollouts",
-                 "noise": "eval_noise", "views": "eval_views", "seed": "seed"}
-
-
-def add_test_time_arguments(parser) -> None:
-    """The test-time compute flags of ``evaluate.py`` and ``solve.py`` (one definition for both)."""
-    g = parser.add_argument_group("test-time compute (default: the training run's own evaluation settings, "
-                                  "eval_halt_max_steps, eval_rollouts, ..., where the checkpoint has them; else the "
-                                  "model's halt_max_steps segments and one answer, as the references evaluate; any of "
-                                  "these flags replaces the run's settings, the rest at those defaults)")
-    g.add_argument("--segments", type=int, default=None, metavar="T",
-                   help="ACT segments at most per puzzle (more than training used is allowed)")
-    g.add_argument("--early-exit", action="store_true", default=None,
-                   help="a puzzle stops at the first segment where the Q head says halt (q_halt > 0)")
-    g.add_argument("--min-segments", type=int, default=None, metavar="M",
-                   help="with --early-exit, the fewest segments a puzzle runs (default: 1)")
-    g.add_argument("--rollouts", type=int, default=None, metavar="K",
-                   help="answer each puzzle K times (the first from the model's initial state, the others from it "
-                        "plus noise) and keep the answer with the highest q_halt (default: 1)")
-    g.add_argument("--noise", type=float, default=None,
-                   help="std of the noise on the initial latent state of rollouts 2..K (default: 1.0 with K > 1)")
-    g.add_argument("--views", type=int, default=None, metavar="V",
-                   help="answer each puzzle in V dihedral views (rotations and reflections, 1..8; square grids "
-                        "such as Sudoku and mazes) and keep the answer most views agree on (default: 1)")
-    g.add_argument("--rollout-seed", type=int, default=None,
-                   help="seed of the rollouts' noise (default: the run's seed with its own settings, else 0)")
-    g.add_argument("--checked", action="store_true",
-                   help="checked selection (Sudoku, mazes): among the rollouts and views, an answer that obeys the "
-                        "puzzle's rules beats one the Q head prefers; reported beside the model-only selection (the "
-                        "references' protocol), never instead of it. Off by default")
 
 
 def test_time_compute(args, run_cfg=None, keep_segments: bool = False, task: Optional[str] = None) -> TestTimeCompute:

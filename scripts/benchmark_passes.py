@@ -1,0 +1,132 @@
+"""Segment passes a second at test time: one puzzle answered in K rollouts, the rollouts one forward call each (as
+before rollouts were answered side by side), all K in one call, and side by side as utils/eval/reasoning.py now
+does (``rows_per_call``: on a CPU about a thousand tokens a call), measured in this run, interleaved, on the same
+puzzle and seeds; the answers of all three are compared.
+
+A segment pass is one ACT segment of one rollout of one puzzle: what solve.py, the page, evaluate.py and anytime
+solving (utils/eval/anytime.py) spend. The table gives, for each K, the median over ``--repeats`` of passes a second
+for each way, the ratio of now to before, and whether the answers agree (every rollout's answer equal, q_halt within
+1e-4); the first lines name the machine and its fp32 GEMM rate, measured in this run.
+
+    python scripts/benchmark_passes.py                                   # the bundled Sudoku model, K = 1..256
+    python scripts/benchmark_passes.py --checkpoint RUN --rollouts 1,16 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
+
+from utils.cli import ArgumentParser  # noqa: E402
+
+HARD_SUDOKU = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."  # the README's puzzle
+
+
+def counts(text: str) -> list[int]:
+    """``1,4,16`` as whole numbers of 1 to 1024.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    values = [part.strip() for part in text.split(",")]
+    if not values or not all(v.isdecimal() and 1 <= int(v) <= 1024 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give rollout counts from 1 to 1024, comma-separated")
+    return [int(v) for v in values]
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = ArgumentParser(prog="benchmark_passes.py", description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 3)[-1])
+    parser.add_argument("--checkpoint", help="a Sudoku checkpoint (default: the bundled sudoku_hard_trm.pt)")
+    parser.add_argument("--sudoku", default=HARD_SUDOKU, help="the puzzle, 81 characters (default: the README's)")
+    parser.add_argument("--rollouts", type=counts, default=[1, 4, 16, 64, 256], metavar="K,K,...",
+                        help="rollouts of the puzzle, each a row of the table (default: 1,4,16,64,256)")
+    parser.add_argument("--segments", type=int, default=4, help="segments a rollout (default: 4, the card's)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each way, interleaved (default: 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
+    args = parser.parse_args(argv)
+    for flag in ("segments", "repeats", "threads"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            parser.error(f"--{flag} {value} is out of range: at least 1")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from utils.data.user_puzzles import parse_sudoku
+    from utils.eval.solving import open_model
+    from utils.hardware_optimizer import machine_line
+    from utils.run.estimate import matmul_rate
+    from utils.run.main import cli_main
+
+    def run() -> int:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        cpu = torch.device("cpu")
+        trained = open_model(args.checkpoint, "sudoku", 81, 1, cpu, torch.float32)
+        tokens = torch.from_numpy(parse_sudoku(args.sudoku, "--sudoku").astype("int32"))[None]
+        print(machine_line(cpu))
+        print(f"fp32 GEMM 1024^3, this run: {matmul_rate(cpu, torch.float32, seconds=1.0) / 1e9:.0f} GFLOP/s; "
+              f"model: {trained.path.name}, {args.segments} segments a rollout")
+        print(f"\n| rollouts K | {' | '.join(f'{way} (passes/s)' for way in WAYS)} | now / before | answers agree |")
+        print(f"|---:|{'---:|' * len(WAYS)}---:|---|")
+        for k in args.rollouts:
+            rates, agree = measure(trained, tokens, k, args.segments, args.repeats)
+            before, now = rates[next(iter(WAYS))], rates[list(WAYS)[-1]]
+            print(f"| {k} | {' | '.join(f'{r:.1f}' for r in rates.values())} | {now / before:.2f}x | "
+                  f"{'yes' if agree else 'NO'} |", flush=True)
+        return 0
+
+    return cli_main(run)
+
+
+MIN_SECONDS = 1.0  # each measurement repeats its work for at least this long
+WAYS = {  # name: (ROLLOUT_ROWS, CPU_TOKENS_PER_CALL) of utils/eval/reasoning.py
+    "one rollout a call (before)": (1, 10**9),
+    "all K in one call": (1024, 10**9),
+    "side by side, <=1024 tokens a call (now)": (None, None),  # the module's own settings
+}
+
+
+def measure(trained, tokens, k: int, segments: int, repeats: int) -> tuple[dict[str, float], bool]:
+    """Median passes a second of ``k`` rollouts of ``tokens`` [1, 81] in each of :data:`WAYS`, and whether all
+    ways give the same answers."""
+    import torch
+
+    from utils.eval import reasoning
+    from utils.eval.reasoning import TestTimeCompute
+
+    batch = {"inputs": tokens, "labels": tokens.long(), "puzzle_identifiers": torch.zeros(1, dtype=torch.int32)}
+    ttc = TestTimeCompute(segments=segments, rollouts=k, noise=0.5 if k > 1 else 0.0)
+    own = reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL
+    rates: dict[str, list[float]] = {way: [] for way in WAYS}
+    answers = {}
+    try:
+        for _ in range(repeats + 1):  # the first of each is a warm-up, not counted
+            for way, (rows, tokens_per_call) in WAYS.items():
+                reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL = (rows or own[0], tokens_per_call or own[1])
+                start, runs = time.perf_counter(), 0
+                while not runs or time.perf_counter() - start < MIN_SECONDS:  # short runs: the clock's noise
+                    answers[way] = list(reasoning.rollouts(trained.head, trained.head, batch, ttc))
+                    runs += 1
+                rates[way].append(runs * k * segments / (time.perf_counter() - start))
+    finally:
+        reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL = own
+    first, *others = answers.values()
+    agree = all(torch.equal(a["preds"], b["preds"]) and
+                torch.allclose(a["q_halt_logits"], b["q_halt_logits"], rtol=1e-4, atol=1e-4)
+                for other in others for a, b in zip(first, other))
+    return {way: statistics.median(r[1:]) for way, r in rates.items()}, agree
+
+
+if __name__ == "__main__":
+    sys.exit(main())
