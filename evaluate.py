@@ -25,18 +25,9 @@ from typing import Optional
 
 from utils.cli import ArgumentParser
 from utils.config import ConfigError
-from utils.data.puzzle_dataset import PuzzleDataset
-from utils.data.saved_outputs import OutputsCollector
-from utils.device import select_device, select_dtype
-from utils.distributed import Dist
-from utils.eval.arc import ARC, score_outputs, write_results
-from utils.eval.load import load_trained
-from utils.eval.puzzle import evaluate_puzzles, parse_band_key
-from utils.eval.reasoning import add_test_time_arguments, test_time_compute
-from utils.eval.stats import interval_keys
+from utils.eval.flags import add_budget_argument, add_test_time_arguments
 from utils.outputs import announce_replacing, check_writable_dir, check_writable_file
-from utils.run.main import cli_main
-from utils.viz.puzzles import known_task
+# The rest (checkpoints, data, evaluation, pictures) is imported where it is used: --help is answered without it.
 
 log = logging.getLogger("evaluate")
 
@@ -64,6 +55,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--report", metavar="PATH", help="ARC: write {\"pass@1\": ..., \"pass@2\": ...} here as JSON")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     add_test_time_arguments(parser)
+    add_budget_argument(parser, None, "off by default; it is scored on its own line, after the model-only figures, "
+                                      "each puzzle alone; --segments, --noise, --early-exit and --rollout-seed shape "
+                                      "its rounds")
     args = parser.parse_args(argv)
     if args.run and (args.checkpoint or args.outputs):
         parser.error("give a run directory, --checkpoint or --outputs, not several")
@@ -104,6 +98,9 @@ def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
     ``exact_accuracy: 0.8125 (95% CI 0.57-0.93, n=16)`` (n: ``ARC/tasks`` for ``ARC/`` keys, else ``count``) and a
     rating band's accuracy as ``exact_accuracy[rating 16-31]: 0.8125 (95% CI 0.57-0.93, n=16)`` (n: that band's
     count); with ``as_json``, the flat dict as one JSON object."""
+    from utils.eval.puzzle import parse_band_key
+    from utils.eval.stats import interval_keys
+
     if as_json:
         print(json.dumps(metrics))
         return
@@ -124,6 +121,8 @@ def print_metrics(title: str, metrics: dict[str, float], as_json: bool) -> None:
 
 
 def score_saved_outputs(args: argparse.Namespace) -> int:
+    from utils.eval.arc import score_outputs
+
     if not args.data_path:
         raise ConfigError("--outputs needs --data-path: the ARC dataset the outputs were evaluated on")
     metrics = score_outputs(args.outputs, args.data_path, args.submission, args.report)
@@ -132,12 +131,26 @@ def score_saved_outputs(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from utils.data.puzzle_dataset import PuzzleDataset
+    from utils.data.saved_outputs import OutputsCollector
+    from utils.device import select_device, select_dtype
+    from utils.distributed import Dist
+    from utils.eval.arc import ARC, write_results
+    from utils.eval.load import load_trained
+    from utils.eval.puzzle import evaluate_puzzles
+    from utils.eval.reasoning import test_time_compute
+    from utils.viz.puzzles import known_task
+
     check_output_paths(args)
     if args.outputs:
         return score_saved_outputs(args)
     for flag in ("batch_size", "max_examples"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be at least 1")
+    if args.budget is not None:
+        from utils.eval.anytime import check_budget_s
+
+        check_budget_s(args.budget)
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, args.forward_dtype)
     trained = load_trained(args.checkpoint, device, dtype, args.batch_size or 1, args.data_path)
@@ -152,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
     if arc is None and (args.submission or args.report):
         raise ConfigError(f"--submission and --report score ARC, but {data_path} is not an ARC dataset (no "
                           "test_puzzles.json)")
+    task = anytime_task(args, loader.metadata, data_path) if args.budget is not None else None  # before any work
     collector = OutputsCollector() if args.save_outputs is not None else None
     consumers = [c for c in (arc, collector) if c is not None]
     ttc = test_time_compute(args, cfg, task=known_task(loader.metadata) if args.checked else None)
@@ -168,11 +182,42 @@ def run(args: argparse.Namespace) -> int:
     selection = ("; checked/*: checked selection, an answer that obeys the rules beats the Q head's choice (not the "
                  "references' protocol); the rest: model-only selection" if args.checked else "")
     print_metrics(f"{path} on {data_path} (test){selection}:", metrics, args.json)
+    if args.budget is not None:
+        report_anytime(args, trained, task, PuzzleDataset(data_path, "test", batch_size, seed=cfg.seed), ttc, device)
     return 0
+
+
+def anytime_task(args: argparse.Namespace, metadata, data_path: str) -> str:
+    """The task of the test puzzles, which ``--budget`` checks answers of.
+
+    Raises:
+        ConfigError: they are not Sudoku or mazes, the puzzles whose answers have rules to check.
+    """
+    from utils.viz.puzzles import known_task
+
+    task = known_task(metadata)
+    if task not in ("sudoku", "maze"):
+        raise ConfigError(f"--budget checks answers against the puzzle's rules, which only Sudoku and mazes have; "
+                          f"{data_path} holds {task or 'puzzles of an unknown kind'}: drop --budget")
+    return task
+
+
+def report_anytime(args: argparse.Namespace, trained, task: str, loader, ttc, device) -> None:
+    """Score ``--budget``'s protocol (utils/eval/anytime.py) on ``loader``'s test puzzles and print its own line
+    (with ``--json``, its own JSON object): never merged into the model-only figures."""
+    import dataclasses
+
+    from utils.eval.anytime import anytime_line, evaluate_anytime
+
+    rounds = dataclasses.replace(ttc, rollouts=1, views=1, checker=None)
+    metrics = evaluate_anytime(trained, task, loader, args.budget, rounds, device, args.max_examples)
+    print(json.dumps(metrics) if args.json else anytime_line(metrics, args.budget), flush=True)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    from utils.run.main import cli_main
+
     return cli_main(lambda: run(args))
 
 

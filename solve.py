@@ -27,20 +27,15 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import torch
-
 from utils.cli import ArgumentParser
+from utils.data.user_puzzles import PuzzleInputError
 from utils.config import ConfigError
-from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku
-from utils.device import select_device, select_dtype
-from utils.eval.reasoning import add_test_time_arguments, test_time_compute
-from utils.eval.load import Trained
-from utils.eval.solving import TASK_SEQ_LEN, Answer, answer, check_budget, gif_segments, open_model, read_puzzles
-from utils.outputs import check_writable_dir, unused_stem
-from utils.run.main import cli_main
-from utils.viz.puzzles import ANSWER_ENDINGS, render_example, render_segments, save_picture, save_segments
+from utils.eval.flags import add_budget_argument, add_test_time_arguments
+from utils.outputs import check_writable_dir
+# torch, the model and the pictures are imported where they are used: --help answers without them.
 
 log = logging.getLogger("solve")
+DEFAULT_BUDGET_S = 6.0  # with start-up and the model's load, a solve's command ends within 10 s on 2 cores
 PUZZLE_FLAGS = {"sudoku": "81 characters (1-9, . or 0 for blanks) or a file of Sudoku",
                 "maze": "a text file with one maze", "arc": "a task JSON file in the ARC Prize format"}
 
@@ -67,6 +62,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")
     parser.add_argument("--forward-dtype", default="auto", help="auto, bfloat16 or float32 (default: auto)")
     add_test_time_arguments(parser)
+    add_budget_argument(parser, None, f"default for Sudoku and mazes: {DEFAULT_BUDGET_S:g} s a puzzle, unless "
+                                      "--rollouts or --views ask for fixed compute; 0: fixed compute, the model's own "
+                                      "test-time settings")
     arc = parser.add_argument_group("ARC adaptation")
     arc.add_argument("--adapt-steps", type=int, default=100, help="optimizer steps on the task's demonstrations "
                                                                   "(default: 100)")
@@ -88,9 +86,15 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    from utils.device import select_device, select_dtype
+    from utils.eval.anytime import anytime_compute
+    from utils.eval.reasoning import test_time_compute
+    from utils.eval.solving import check_budget
+
     check_writable_dir(args.out, "--out")
     check_puzzle_flags(args)
-    ttc = test_time_compute(args, keep_segments=True, task=flag_task(args))  # the flags checked before any work
+    args.budget = budget_of(args)
+    ttc = anytime_compute(args, test_time_compute(args, keep_segments=True, task=flag_task(args)))  # checked now
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, args.forward_dtype)
     out = Path(args.out)
@@ -103,18 +107,117 @@ def run(args: argparse.Namespace) -> int:
 
         check_budget(check_adaptable(args), ttc, args, device)
         return solve_arc_task(args, ttc, device, dtype, out)
+    return solve_puzzles(args, device, dtype, out)
+
+
+def budget_of(args: argparse.Namespace) -> Optional[float]:
+    """The seconds a puzzle of anytime solving (``--budget``; without it :data:`DEFAULT_BUDGET_S` for Sudoku and
+    mazes unless --rollouts or --views ask for fixed compute), or None: fixed compute (``--budget 0``, ARC).
+
+    Raises:
+        ConfigError: a negative budget, or one for an ARC task, whose answers have no rules to check.
+    """
+    if args.budget is None:
+        fixed = args.arc is not None or args.rollouts is not None or args.views is not None
+        return None if fixed else DEFAULT_BUDGET_S
+    if args.budget < 0:
+        raise ConfigError(f"--budget {args.budget:g} is out of range: seconds a puzzle, 0 for fixed compute")
+    if args.arc is not None and args.budget:
+        raise ConfigError("--budget checks answers against the puzzle's rules, which an ARC task does not have: "
+                          "drop --budget")
+    return args.budget or None
+
+
+def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
+    """Answer the Sudoku or maze of ``--sudoku``/``--maze``, print and draw each answer; 1 when one is not
+    consistent (with what would help), else 0."""
+    from utils.eval.reasoning import test_time_compute
+    from utils.eval.anytime import anytime_compute
+    from utils.eval.solving import check_budget, open_model, read_puzzles
+    from utils.viz.puzzles import ANSWER_ENDINGS
+    from utils.outputs import unused_stem
+
     task = "sudoku" if args.sudoku is not None else "maze"
     puzzles = read_puzzles(task, args.sudoku if task == "sudoku" else args.maze)
     trained = open_model(args.checkpoint, task, len(puzzles[0][1]), len(puzzles), device, dtype)
     print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
-    ttc = test_time_compute(args, trained.cfg, keep_segments=True, task=task)
-    check_budget(trained, ttc, args, device, len(puzzles))
-    answers = answer(trained, task, puzzles, ttc, device)
+    ttc = anytime_compute(args, test_time_compute(args, trained.cfg, keep_segments=True, task=task))
+    check_budget(trained, ttc, args, device, 1 if args.budget else len(puzzles))  # before any work
+    if args.budget is None:
+        answers, notes, spent, rate = fixed_compute(trained, task, puzzles, ttc, device)
+    else:
+        answers, notes, spent, rate = anytime(args.budget, trained, task, puzzles, ttc, device)
     out.mkdir(parents=True, exist_ok=True)
-    for i, found in enumerate(answers):
-        report(found, out / unused_stem(out, f"{task}_{i + 1}", ANSWER_ENDINGS), ttc.views)  # a file there is kept
-    print(f"{sum(a.consistent for a in answers)} of {len(answers)} answer(s) consistent; pictures in {out}")
-    return 0
+    earlier = len(list(out.glob(f"{task}_*.png"))) - len(list(out.glob(f"{task}_*_strip.png")))
+    for i, (found, note) in enumerate(zip(answers, notes)):
+        report(found, out / unused_stem(out, f"{task}_{i + 1}", ANSWER_ENDINGS), ttc.views, note)  # files there kept
+    kept = f" (beside {earlier} earlier answer(s) there: delete them, or give --out, to keep runs apart)" * bool(earlier)
+    consistent = sum(a.consistent for a in answers)
+    print(f"\n{consistent} of {len(answers)} answer(s) consistent; {spent}; pictures in {out}{kept}")
+    if consistent == len(answers):
+        return 0
+    print(what_would_help(args.budget, ttc, trained, rate), flush=True)
+    return 1
+
+
+def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str], str, float]:
+    """The answers under ``ttc`` (the flags', or the model's own settings), a note for each (none), what they cost,
+    and the segment passes a second this machine gave."""
+    import time
+
+    from utils.eval.solving import answer
+
+    start = time.monotonic()
+    answers = answer(trained, task, puzzles, ttc, device)
+    seconds = time.monotonic() - start
+    passes = passes_of(ttc, trained)
+    return (answers, [""] * len(answers), f"{passes:,} segment passes a puzzle in {seconds:.1f} s",
+            passes * len(puzzles) / max(seconds, 1e-9))
+
+
+def anytime(budget: float, trained, task, puzzles, ttc, device) -> tuple[list, list[str], str, float]:
+    """Each puzzle solved under ``budget`` seconds (utils/eval/anytime.py), its progress shown while it runs; the
+    answers, a note for each (what it spent), what they cost, and the segment passes a second this machine gave."""
+    from tqdm import tqdm
+
+    from utils.eval.anytime import protocol, solve_anytime
+
+    answers, notes, passes, seconds = [], [], 0, 0.0
+    for name, tokens in puzzles:
+        with tqdm(total=budget, desc=name, unit="s", leave=False, bar_format="{desc}: {bar} {n:.1f}/{total:g} s"
+                  "{postfix}") as bar:
+            def shown(spent, best, bar=bar):
+                bar.n = min(spent.seconds, budget)
+                bar.set_postfix_str(f"round {spent.rounds}, {spent.passes:,} segment passes"
+                                    f"{', consistent' if best.consistent else ''}")
+
+            solved = solve_anytime(trained, task, name, tokens, budget, ttc, device, progress=shown)
+        spent = solved.spent
+        found = "found in" if solved.solved else "none obeyed the rules in"
+        notes.append(f"{protocol(budget)}: {found} {spent.rounds} round(s), {spent.passes:,} segment passes, "
+                     f"{spent.seconds:.1f} s")
+        answers.append(solved.answer)
+        passes, seconds = passes + spent.passes, seconds + spent.seconds
+    return answers, notes, f"{passes:,} segment passes in {seconds:.1f} s ({protocol(budget)})", passes / max(
+        seconds, 1e-9)
+
+
+def passes_of(ttc, trained) -> int:
+    """Segment passes a puzzle under fixed compute ``ttc``: segments x rollouts x views."""
+    return (ttc.segments or trained.cfg.arch["halt_max_steps"]) * ttc.rollouts * ttc.views
+
+
+def what_would_help(budget: Optional[float], ttc, trained, rate: float) -> str:
+    """The last line when an answer is not consistent: more test-time compute, and about how long it takes here at
+    ``rate``, the segment passes a second this command measured."""
+    if budget is not None:
+        more = 4 * budget
+        return (f"more time may find a consistent answer: --budget {more:g} spends up to {more:g} s a puzzle (about "
+                f"{more * rate:,.0f} segment passes here)")
+    rollouts = 4 * ttc.rollouts
+    seconds = passes_of(ttc, trained) * 4 / max(rate, 1e-9)
+    return (f"more test-time compute may find a consistent answer: --rollouts {rollouts} (about {seconds:.0f} s a "
+            f"puzzle here), or --budget 30: rollouts until an answer obeys the rules, up to 30 s a puzzle")
 
 
 def flag_task(args: argparse.Namespace) -> str:
@@ -145,7 +248,7 @@ def check_puzzle_flags(args: argparse.Namespace) -> None:
             raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is out of range: at least {low}")
 
 
-def check_adaptable(args: argparse.Namespace) -> Trained:
+def check_adaptable(args: argparse.Namespace):
     """Refuse, before building the task's dataset, a checkpoint that cannot adapt to an ARC task; return it (on the
     CPU).
 
@@ -154,6 +257,10 @@ def check_adaptable(args: argparse.Namespace) -> Trained:
             puzzle embedding the adaptation trains (unless --adapt-all).
         CheckpointError, ConfigError: see :func:`utils.eval.load.load_trained`.
     """
+    import torch
+
+    from utils.eval.solving import TASK_SEQ_LEN, open_model
+
     trained = open_model(args.checkpoint, "arc", TASK_SEQ_LEN["arc"], 1, torch.device("cpu"), torch.float32)
     if not args.adapt_all and not trained.cfg.arch.get("puzzle_emb_ndim"):
         raise PuzzleInputError(f"{trained.path} has no puzzle embedding (its arch.puzzle_emb_ndim is 0), the part an "
@@ -161,13 +268,23 @@ def check_adaptable(args: argparse.Namespace) -> Trained:
     return trained
 
 
-def report(found: Answer, stem: Path, views: int = 1) -> None:
-    """Print one answer, whether it is consistent, its segments, halting confidence and (of ``views`` > 1) how many
-    views agree with it; draw it (``stem``.png, .gif, _strip.png)."""
+def report(found, stem: Path, views: int = 1, note: str = "") -> None:
+    """Print one answer (an :class:`utils.eval.solving.Answer`), whether it is consistent, its segments, halting
+    confidence, (of ``views`` > 1) how many views agree with it and ``note`` (what anytime solving spent); draw it
+    (``stem``.png, .gif, _strip.png)."""
+    from utils.data.user_puzzles import format_maze, format_sudoku
+    from utils.eval.solving import gif_segments
+    from utils.viz.puzzles import render_example, render_segments, save_picture, save_segments
+
     print(f"\n{found.name}: {found.verdict}\n{(format_sudoku if found.task == 'sudoku' else format_maze)(found.grid)}")
     agree = f"; {found.votes} of {views} views gave this answer" if found.votes is not None else ""
-    picked = "; checked selection (an answer that obeys the rules first)" if found.selection == "checked" else ""
+    picked = ""
+    if found.selection == "checked":
+        picked = ("; checked selection (an answer that obeys the rules first)" if found.consistent else
+                  "; checked selection found no answer that obeys the rules: this is the Q head's choice")
     print(f"segments used: {found.segments}; halting confidence sigmoid(q_halt) = {found.halting:.3f}{agree}{picked}")
+    if note:
+        print(note)
     verdict = "consistent" if found.consistent else "not consistent"
     picture = render_example(found.task, found.puzzle, found.grid, found.grid,
                              title=f"{found.task} · {found.name} · {verdict} · {found.segments} segments")
@@ -181,6 +298,8 @@ def report(found: Answer, stem: Path, views: int = 1) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    from utils.run.main import cli_main
+
     return cli_main(lambda: run(args))  # Ctrl-C: "stopped (Ctrl-C)", status 130; pictures are written whole or not at all
 
 

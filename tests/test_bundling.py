@@ -24,7 +24,7 @@ import solve
 from scripts import bundle_model
 from tests.test_bad_inputs import assert_one_line
 from tests.conftest import terminate_this_process
-from tests.test_solve import MAZE, SUDOKU, sudoku_run, train  # noqa: F401  (sudoku_run: a fixture)
+from tests.test_solve import MAZE, SUDOKU, exit_code, sudoku_run, train  # noqa: F401  (sudoku_run: a fixture)
 from utils.data.maze import build_maze_dataset
 from utils.eval import solving
 from utils.eval.load import check_against_card
@@ -70,8 +70,9 @@ def test_the_bundle_is_the_weights_and_a_card_measured_on_them(tiny_bundled, sud
 
 
 def test_solve_without_a_checkpoint_uses_the_bundled_model_and_names_it(tiny_bundled, tmp_path, capsys):
-    assert solve.main(["--device", "cpu", "--sudoku", SUDOKU, "--out", str(tmp_path)]) == 0
+    code = solve.main(["--device", "cpu", "--sudoku", SUDOKU, "--out", str(tmp_path), "--budget", "0"])
     printed = capsys.readouterr().out
+    assert code == exit_code(printed)  # a tiny model: its answer may not be consistent
     assert f"model: the bundled model for hard 9x9 Sudoku, {tiny_bundled / 'sudoku_hard_trm.pt'}" in printed
     assert "puzzle 1: " in printed and (tmp_path / "sudoku_1.gif").is_file()
 

@@ -14,7 +14,7 @@ import evaluate
 import solve
 from tests.test_reasoning import BATCH, batch, head  # noqa: F401  (fixtures)
 from tests.test_serve import MAZE_10, call, shipped  # noqa: F401  (a fixture)
-from tests.test_solve import SOLVED, SUDOKU, sudoku_run  # noqa: F401  (a fixture)
+from tests.test_solve import SOLVED, SUDOKU, exit_code, sudoku_run  # noqa: F401  (a fixture)
 from utils.data.user_puzzles import parse_maze, parse_sudoku
 from utils.eval.reasoning import TestTimeCompute, TestTimeComputeError, reason, rollouts, rules_checker, vote
 
@@ -106,9 +106,13 @@ def test_evaluate_reports_checked_beside_model_only(sudoku_run, capsys):  # noqa
 
 
 def test_solve_py_checked_names_its_selection_and_arc_is_refused(sudoku_run, tmp_path, capsys):  # noqa: F811
-    assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", SUDOKU, "--out",
-                       str(tmp_path / "out"), "--rollouts", "2", "--checked"]) == 0
-    assert "checked selection (an answer that obeys the rules first)" in capsys.readouterr().out
+    code = solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", SUDOKU, "--out",
+                       str(tmp_path / "out"), "--rollouts", "2", "--checked"])
+    printed = capsys.readouterr().out
+    assert code == exit_code(printed)
+    assert ("checked selection (an answer that obeys the rules first)" in printed) == (code == 0)
+    assert ("checked selection found no answer that obeys the rules: this is the Q head's choice" in printed) == \
+        (code == 1)
     task = tmp_path / "task.json"
     task.write_text(json.dumps({"train": [{"input": [[1]], "output": [[2]]}], "test": [{"input": [[1]]}]}))
     assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--arc", str(task), "--checked"]) == 2

@@ -151,7 +151,7 @@ def test_solve_py_serve_prints_its_address_serves_and_stops_on_ctrl_c(sudoku_run
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stdout.readline()  # the models load first; a failure closes the pipe
-        found = re.fullmatch(r"the page: http://localhost:(\d+)/ \((\d+) models?; Ctrl-C stops it\)\n", line)
+        found = re.fullmatch(r"the page: http://127.0.0.1:(\d+)/ \((\d+) models?; Ctrl-C stops it\)\n", line)
         assert found, line + process.stderr.read()
         connection = http.client.HTTPConnection("127.0.0.1", int(found[1]), timeout=60)
         connection.request("GET", "/api/models", headers={"Host": f"localhost:{found[1]}"})
@@ -361,7 +361,7 @@ def test_campaign4_p06_ctrl_c_during_a_solve_cancels_it_and_exits_130(tmp_path):
     lines: "queue.Queue[str]" = queue.Queue()
     reader = threading.Thread(target=lambda: [lines.put(line) for line in process.stderr], daemon=True)
     reader.start()
-    found = re.search(r"http://localhost:(\d+)/", process.stdout.readline())  # after the shipped models load
+    found = re.search(r"http://127.0.0.1:(\d+)/", process.stdout.readline())  # after the shipped models load
     assert found, "".join(lines.queue)
     port = int(found[1])
     body = json.dumps({"model": 0, "puzzle": SUDOKU, "compute": {"segments": 600}})

@@ -25,6 +25,12 @@ MAZE = "#####\n#S  #\n# # #\n#  G#\n#####\n"
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def exit_code(printed: str) -> int:
+    """What solve.py exits with after printing ``printed``: 0 when every answer is consistent, else 1."""
+    consistent, total = map(int, re.search(r"(\d+) of (\d+) answer\(s\) consistent", printed).groups())
+    return 0 if consistent == total else 1
+
+
 def train(data, run, *extra):
     assert pretrain.main(["--config-name=cfg_pretrain_trm_cpu", f"data_paths=[{data}]", f"checkpoint_path={run}",
                           *TINY_TRM[1:], "epochs=2", "eval_interval=1", *extra]) == 0
@@ -38,9 +44,10 @@ def sudoku_run(sudoku_dir, tmp_path_factory):
 
 def test_a_sudoku_string_is_answered_checked_and_drawn(sudoku_run, tmp_path, capsys):
     out = tmp_path / "out"
-    assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", SUDOKU, "--out", str(out),
-                       "--segments", "3"]) == 0
+    code = solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", SUDOKU, "--out", str(out),
+                       "--segments", "3", "--budget", "0"])
     printed = capsys.readouterr().out
+    assert code == exit_code(printed)
     assert "puzzle 1: " in printed and "segments used: 3; halting confidence sigmoid(q_halt) = " in printed
     assert printed.count(" | ") >= 18  # the 9x9 grid with its box separators
     assert Image.open(out / "sudoku_1.png").size[0] > 200
@@ -51,12 +58,14 @@ def test_a_file_of_sudokus_with_early_exit_rollouts_and_views(sudoku_run, tmp_pa
     puzzles = tmp_path / "puzzles.csv"
     puzzles.write_text(f"source,question,answer,rating\nmine,{SUDOKU},,0\nmine,{SUDOKU.replace('5', '0', 1)},,0\n")
     out = tmp_path / "out"
-    assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
-                       str(out), "--early-exit", "--rollouts", "3"]) == 0
-    assert "puzzles.csv row 3: " in capsys.readouterr().out and (out / "sudoku_2.gif").is_file()
-    assert solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
-                       str(tmp_path / "views"), "--views", "8"]) == 0
-    assert len(re.findall(r"; [1-8] of 8 views gave this answer", capsys.readouterr().out)) == 2
+    code = solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
+                       str(out), "--early-exit", "--rollouts", "3"])
+    printed = capsys.readouterr().out
+    assert code == exit_code(printed) and "puzzles.csv row 3: " in printed and (out / "sudoku_2.gif").is_file()
+    code = solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
+                       str(tmp_path / "views"), "--views", "8"])
+    printed = capsys.readouterr().out
+    assert code == exit_code(printed) and len(re.findall(r"; [1-8] of 8 views gave this answer", printed)) == 2
 
 
 def test_a_maze_text_grid_is_answered(tmp_path_factory, tmp_path, capsys):
@@ -66,9 +75,10 @@ def test_a_maze_text_grid_is_answered(tmp_path_factory, tmp_path, capsys):
     grid = tmp_path / "my_maze.txt"
     grid.write_text(MAZE.replace("#  G#", "#  G"))  # an editor stripped the trailing character: still 5 wide
     out = tmp_path / "out"
-    assert solve.main(["--device", "cpu", "--checkpoint", str(run), "--maze", str(grid), "--out", str(out)]) == 0
+    code = solve.main(["--device", "cpu", "--checkpoint", str(run), "--maze", str(grid), "--out", str(out),
+                       "--budget", "0"])
     printed = capsys.readouterr().out
-    assert "my_maze: " in printed and "#S" in printed and (out / "maze_1.png").is_file()
+    assert code == exit_code(printed) and "my_maze: " in printed and "#S" in printed and (out / "maze_1.png").is_file()
     maze_model = ["--device", "cpu", "--checkpoint", str(run), "--sudoku", SUDOKU, "--out", str(out)]
     assert solve.main(maze_model) == 2
     assert "was trained on puzzles of 25 cells (5x5) and a vocabulary of 6" in capsys.readouterr().err

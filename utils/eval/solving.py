@@ -26,11 +26,9 @@ from torch.overrides import TorchFunctionMode
 from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
 from utils.data.user_puzzles import PuzzleInputError, parse_maze, read_sudokus
 from utils.device import host_memory, memory_available
-from utils.eval.load import Trained, load_trained
+from utils.eval.load import BUNDLED_DIR, Trained, load_trained
 from utils.eval.reasoning import (CHECKED, FLAG_NAMES, RULES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
                                   TestTimeComputeError, initial_carry, reason)
-
-BUNDLED_DIR = Path(__file__).resolve().parents[2] / "models" / "pretrained"
 
 
 class Bundled(NamedTuple):
@@ -160,8 +158,8 @@ def open_model(spec: Optional[str], task: str, seq_len: int, batch_size: int, de
     trained = load_trained(spec or str(bundled_checkpoint(task)), device, dtype, batch_size, seq_len=seq_len)
     check_fits(trained, task, seq_len, bundled=spec is None)
     if spec is None:
-        card = trained.path.with_suffix(".md")
-        trained.note = f"the bundled model for {BUNDLED[task].what}, {trained.path} (its card: {card})"
+        card = f" (its card: {trained.card})" if trained.card else ""  # the card the load checked, never a guess
+        trained.note = f"the bundled model for {BUNDLED[task].what}, {trained.path}{card}"
     return trained
 
 
@@ -183,17 +181,18 @@ def answer(trained: Trained, task: str, puzzles: list[tuple[str, np.ndarray]], t
     checked = ttc.checker is not None
     out = reason(trained.head, trained.head, batch, replace(ttc, keep_segments=True, stop_when_checked=checked), stop)
     out = {k.removeprefix(CHECKED): v.cpu() for k, v in out.items() if k.startswith(CHECKED) == checked}
-    check = RULES[task]
-    answers = []
-    for i, (name, tokens) in enumerate(puzzles):
-        grid = out["preds"][i].numpy()
-        answers.append(Answer(name, task, tokens, grid, out["segment_preds"][i].numpy(),
-                              out["segment_q_halt"][i].float().numpy(),
-                              torch.sigmoid(out["q_halt_logits"][i].float()).item(), int(out["segments"][i]),
-                              int(out["votes"][i]) if "votes" in out else None, check(grid, tokens),
-                              "checked" if checked else "model"))
-    return answers
+    return [answer_of(name, task, tokens, {k: v[i] for k, v in out.items()}, "checked" if checked else "model")
+            for i, (name, tokens) in enumerate(puzzles)]
 
+
+def answer_of(name: str, task: str, tokens: np.ndarray, row: dict[str, torch.Tensor], selection: str) -> Answer:
+    """The :class:`Answer` of one puzzle from its row of :func:`utils.eval.reasoning.reason`'s output (``preds``
+    [S], ``segment_preds`` [T, S], ``segment_q_halt`` [T], ``q_halt_logits``, ``segments``, ``votes`` where views
+    voted; on the CPU), checked against the puzzle's rules."""
+    grid = row["preds"].numpy()
+    return Answer(name, task, tokens, grid, row["segment_preds"].numpy(), row["segment_q_halt"].float().numpy(),
+                  torch.sigmoid(row["q_halt_logits"].float()).item(), int(row["segments"]),
+                  int(row["votes"]) if "votes" in row else None, RULES[task](grid, tokens), selection)
 
 
 def gif_segments(total: int) -> list[int]:

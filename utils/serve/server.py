@@ -10,9 +10,12 @@ works offline) and a JSON API that solving goes through (utils/eval/solving.py, 
                        its own test-time compute (what solve.py uses without flags) and its budget (below)
     POST /api/solve    {"model": ID, "puzzle": TEXT} or {"model": ID, "task": ARC_TASK_JSON}, and optionally
                        "compute": {"segments", "early_exit", "min_segments", "rollouts", "noise", "views",
-                       "rollout_seed", "checked"}; the answer after every ACT segment, sigmoid(q_halt) per segment, the verdict,
-                       the GIF (base64), the answer as text and the compute used; or {"error": ONE_LINE} with status
-                       400, the same line solve.py prints
+                       "rollout_seed", "checked", "budget"}; the answer after every ACT segment, sigmoid(q_halt) per
+                       segment, the verdict, the GIF (base64), the answer as text and the compute used, and with a
+                       "budget" (seconds a puzzle: anytime solving with checked answers, utils/eval/anytime.py) what
+                       it spent ("anytime"); or {"error": ONE_LINE} with status 400, the same line solve.py prints
+    GET  /api/progress the anytime solve under way: {"solving", "budget", "seconds", "rounds", "passes", "consistent"}
+    POST /api/stop     end the anytime solve under way now, with its best answer so far
 
 Safety: it listens on 127.0.0.1 unless ``--host`` says otherwise, and answers only requests whose ``Host`` (and
 ``Origin``, when a browser sends one) is an address it listens on, never a bare 0.0.0.0, so another web page cannot
@@ -37,6 +40,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import dataclasses
 import errno
 import hmac
 import ipaddress
@@ -69,6 +73,7 @@ from utils.errors import RunFailure, UserError
 from utils.run.main import one_line
 from utils.run.stop import signal_exit_code
 from utils.train.arc_adapt import adapt_and_answer, task_from_json
+from utils.eval.anytime import Spent, anytime_compute, protocol, solve_anytime
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, TestTimeComputeError,
                                   test_time_compute)
@@ -81,7 +86,9 @@ PAGE = Path(__file__).with_name("page.html")
 MAX_BODY = 1 << 20  # a 30x30 ARC task with its demonstrations is a few tens of kB
 MAX_NESTING = 32  # an ARC task, the deepest request, nests 6 deep
 TASK_OF_VOCAB = {vocab: task for task, (vocab, _) in VOCAB.items()}
-COMPUTE_FIELDS = (*TEST_TIME_FLAGS, "rollout_seed", "checked")
+COMPUTE_FIELDS = (*TEST_TIME_FLAGS, "rollout_seed", "checked", "budget")
+FLOAT_FIELDS = ("noise", "budget")
+MAX_PAGE_BUDGET_S = 300  # seconds a puzzle the page's anytime solving may spend (solve.py --budget: a day)
 BOOL_FIELDS = ("early_exit", "checked")
 TOKEN_HEADER = "X-Page-Token"
 CONNECTION_TIMEOUT_S = 30  # a client silent this long (mid-request, or not reading its answer) is hung up on
@@ -95,11 +102,12 @@ STOP_GRACE_S = 30  # Ctrl-C waits this long for the solve in progress to leave t
 TURN_POLL_S = 0.2  # how often a request waiting for its turn checks that its client is still there
 
 
-def compute_json(ttc: TestTimeCompute, halt_max_steps: int) -> dict[str, Any]:
-    """``ttc`` as the page's compute fields (``segments`` counted: the model's ``halt_max_steps`` when unset)."""
+def compute_json(ttc: TestTimeCompute, halt_max_steps: int, budget: float) -> dict[str, Any]:
+    """``ttc`` and the anytime ``budget`` (seconds a puzzle; 0: fixed compute) as the page's compute fields
+    (``segments`` counted: the model's ``halt_max_steps`` when unset)."""
     return {"segments": ttc.segments or halt_max_steps, "early_exit": ttc.early_exit,
             "min_segments": ttc.min_segments, "rollouts": ttc.rollouts, "noise": ttc.noise, "views": ttc.views,
-            "rollout_seed": ttc.seed, "checked": ttc.checker is not None}
+            "rollout_seed": ttc.seed, "checked": ttc.checker is not None, "budget": budget}
 
 
 @dataclass
@@ -125,11 +133,17 @@ class Offered:
         given["checked"] = bool(given["checked"]) and self.task in RULES
         return test_time_compute(SimpleNamespace(**given), self.trained.cfg, task=self.task)
 
+    def budget(self, flags: argparse.Namespace) -> float:
+        """The page's default anytime budget for it, seconds a puzzle: the command line's (solve.py's default for
+        Sudoku and mazes), 0 (fixed compute) for an ARC model, whose answers have no rules to check."""
+        return float(getattr(flags, "budget", None) or 0) if self.task in RULES else 0.0
+
     def describe(self, device: torch.device, flags: argparse.Namespace) -> dict[str, Any]:
         """What the page shows of it: its :meth:`defaults` and its budget now."""
         budget = compute_budget(self.trained, device, flops=self.flops)
         return {"id": self.id, "label": self.label, "task": self.task, "side": math.isqrt(self.trained.seq_len),
-                "compute": compute_json(self.defaults(flags), self.trained.cfg.arch["halt_max_steps"]),
+                "compute": compute_json(self.defaults(flags), self.trained.cfg.arch["halt_max_steps"],
+                                        self.budget(flags)),
                 "budget": budget.describe()}
 
 
@@ -191,14 +205,18 @@ def answer_json(found: Answer) -> dict[str, Any]:
 
 class Solver:
     """What the API does, apart from HTTP: the models on offer, one solve at a time, each cancelled between two
-    segments when its client leaves or the server stops (``stopping``); ``busy`` while one runs."""
+    segments when its client leaves or the server stops (``stopping``); ``busy`` while one runs. An anytime solve
+    (a budget) reports its ``progress`` as it goes and ends with its best answer so far when asked (``enough``,
+    ``/api/stop``)."""
 
     def __init__(self, models: list[Offered], args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
                  out: Path):
         self.models, self.args, self.device, self.dtype, self.out = models, args, device, dtype, out
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self.enough = threading.Event()
         self.busy = False
+        self.progress: dict[str, Any] = {"solving": False}
 
     def solve(self, request: Any, client_gone: Optional[Callable[[], bool]] = None) -> dict[str, Any]:
         """Answer one ``/api/solve`` request: checked whole, budget included, before it waits for its turn.
@@ -219,11 +237,13 @@ class Solver:
             raise PuzzleInputError(f"model {model!r} is not one of the ids 0..{len(self.models) - 1}")
         offered = self.models[model]
         flags = argparse.Namespace(**{**dict.fromkeys(COMPUTE_FIELDS), **_compute(request.get("compute"))})
-        ttc = test_time_compute(flags, offered.trained.cfg, keep_segments=True, task=offered.task)
+        flags.budget = _page_budget(flags.budget, offered.task)
+        ttc = anytime_compute(flags, test_time_compute(flags, offered.trained.cfg, keep_segments=True,
+                                                       task=offered.task))
         if offered.task == "arc" and ttc.views != 1:
             raise PuzzleInputError(f"views={ttc.views} cannot be used with ARC: its augmented copies vote instead")
         check_budget(offered.trained, ttc, flags, self.device, flops=offered.flops)
-        used = compute_json(ttc, offered.trained.cfg.arch["halt_max_steps"])
+        used = compute_json(ttc, offered.trained.cfg.arch["halt_max_steps"], flags.budget or 0.0)
 
         def cancelled() -> bool:
             return self.stopping.is_set() or (client_gone is not None and client_gone())
@@ -234,10 +254,46 @@ class Solver:
                 return self._arc(offered, task, known, ttc)
         tokens = self._puzzle(offered, request.get("puzzle"))
         with _Turn(self, cancelled, f"{offered.label}, {used}"):
-            found = answer(offered.trained, offered.task, [("puzzle", tokens)], ttc, self.device, cancelled)[0]
+            if flags.budget:
+                found, spent = self._anytime(offered, tokens, flags.budget, ttc, cancelled)
+            else:
+                found, spent = answer(offered.trained, offered.task, [("puzzle", tokens)], ttc, self.device,
+                                      cancelled)[0], None
             if cancelled():
                 raise Cancelled("stopped before drawing the answer")
-            return {"model": offered.label, **answer_json(found), "compute": used}
+            return {"model": offered.label, **answer_json(found), "compute": used} | ({"anytime": spent} if spent
+                                                                                     else {})
+
+    def _anytime(self, offered: Offered, tokens: np.ndarray, budget: float, ttc: TestTimeCompute,
+                 cancelled: Callable[[], bool]) -> tuple[Answer, dict[str, Any]]:
+        """Solve under ``budget`` seconds (utils/eval/anytime.py), reporting ``progress`` after every round; the
+        answer kept and what was spent.
+
+        Raises:
+            PuzzleInputError: stopped (``/api/stop``) before the model's own answer was in.
+            Cancelled: the client left, or the server stops.
+        """
+        self.enough.clear()
+        self.progress = {"solving": True, "budget": budget, "seconds": 0.0, "rounds": 0, "passes": 0,
+                         "consistent": False}
+
+        def progressed(spent: Spent, best: Answer) -> None:
+            self.progress = {**self.progress, **dataclasses.asdict(spent), "consistent": best.consistent}
+
+        try:
+            solved = solve_anytime(offered.trained, offered.task, "puzzle", tokens, budget, ttc, self.device,
+                                   enough=self.enough.is_set, cancel=cancelled, progress=progressed)
+        finally:
+            self.progress = {"solving": False}
+        if solved.answer is None:
+            raise PuzzleInputError("stopped before the model's own answer was in: nothing to show")
+        return solved.answer, {**dataclasses.asdict(solved.spent), "ended": solved.ended,
+                               "protocol": protocol(budget)}
+
+    def stop_anytime(self) -> bool:
+        """Ask the anytime solve under way to end with its best answer so far; whether one is under way."""
+        self.enough.set()
+        return bool(self.progress.get("solving"))
 
     @staticmethod
     def _puzzle(offered: Offered, puzzle: Any) -> np.ndarray:
@@ -306,9 +362,26 @@ def _compute(raw: Any) -> dict[str, Any]:
     return {name: _setting(name, value) for name, value in raw.items()}
 
 
+def _page_budget(budget: Optional[float], task: str) -> Optional[float]:
+    """The request's anytime budget (seconds a puzzle), None for fixed compute (0, or not given).
+
+    Raises:
+        PuzzleInputError: out of 0..:data:`MAX_PAGE_BUDGET_S`, or a budget for ARC, whose answers have no rules.
+    """
+    if not budget:
+        return None
+    if not (math.isfinite(budget) and 0 < budget <= MAX_PAGE_BUDGET_S):
+        raise PuzzleInputError(f"--budget={budget:g} is out of range: 0 (fixed compute) to {MAX_PAGE_BUDGET_S} "
+                               "seconds a puzzle on this page")
+    if task not in RULES:
+        raise PuzzleInputError("a time budget checks answers against the puzzle's rules, which an ARC task does not "
+                               "have: set it to 0")
+    return budget
+
+
 def _setting(name: str, value: Any) -> Any:
     """One compute setting: ``early_exit`` and ``checked`` true or false (false is false, not the run's setting),
-    ``noise`` a number, the others whole numbers (JSON's 2.0 is 2); None: not given.
+    ``noise`` and ``budget`` numbers, the others whole numbers (JSON's 2.0 is 2); None: not given.
 
     Raises:
         PuzzleInputError: a value of another kind, named as solve.py's flag.
@@ -320,9 +393,9 @@ def _setting(name: str, value: Any) -> Any:
             return value
     elif isinstance(value, int) and not isinstance(value, bool):
         return value
-    elif isinstance(value, float) and (name == "noise" or value.is_integer()):
-        return value if name == "noise" else int(value)
-    kind = "bool" if name in BOOL_FIELDS else ("float" if name == "noise" else "int")
+    elif isinstance(value, float) and (name in FLOAT_FIELDS or value.is_integer()):
+        return value if name in FLOAT_FIELDS else int(value)
+    kind = "bool" if name in BOOL_FIELDS else ("float" if name in FLOAT_FIELDS else "int")
     raise PuzzleInputError(f"--{name.replace('_', '-')}={value!r} is not a {kind}")
 
 
@@ -435,7 +508,7 @@ def access_for(host: str, bound: str, port: int) -> Access:
     ip = ipaddress.ip_address(bound.split("%")[0])  # an IPv6 link-local address may carry its %interface
     if ip.is_loopback:
         names = {host, bound, "localhost"} - {""}
-        url = f"http://{netloc('localhost' if bound == '127.0.0.1' else bound, port)}/"
+        url = f"http://{netloc(bound, port)}/"
         return Access(frozenset(netloc(name, port) for name in names), None, url, None)
     token = secrets.token_urlsafe(16)
     if ip.is_unspecified:
@@ -569,6 +642,8 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/api/models":
             solver = self.server.solver
             self._json(HTTPStatus.OK, {"models": [m.describe(solver.device, solver.args) for m in solver.models]})
+        elif path == "/api/progress":
+            self._json(HTTPStatus.OK, self.server.solver.progress)
         else:
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
 
@@ -580,7 +655,7 @@ class Handler(BaseHTTPRequestHandler):
         if not self._ours():
             return
         path = self.path.partition("?")[0]
-        if path != "/api/solve":
+        if path not in ("/api/solve", "/api/stop"):
             return self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
         if self.headers.get_content_type() != "application/json":
             return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send the request as application/json"})
@@ -600,6 +675,8 @@ class Handler(BaseHTTPRequestHandler):
             request = parse_request(body)
         except UserError as e:
             return self._json(HTTPStatus.BAD_REQUEST, {"error": one_line(e)})
+        if path == "/api/stop":
+            return self._json(HTTPStatus.OK, {"stopping": self.server.solver.stop_anytime()})
         self._solve(request)
 
     def _solve(self, request: Any) -> None:

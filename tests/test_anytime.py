@@ -1,0 +1,207 @@
+"""Anytime solving with checked answers (utils/eval/anytime.py; solve.py and evaluate.py --budget), and rollouts
+answered side by side (utils/eval/reasoning.py), on the CPU with the bundled Sudoku model. The clock is the test's:
+a fake one that moves a fixed step each time it is read, so a budget's rounds never depend on the machine's pace."""
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import evaluate
+import solve
+from utils.data.user_puzzles import parse_sudoku
+from utils.eval import anytime, reasoning, solving
+from utils.eval.reasoning import Cancelled, TestTimeCompute, dihedral_order, reason
+from utils.eval.solving import open_model
+from utils.serve.server import MAX_PAGE_BUDGET_S
+from tests.test_serve import call, shipped, until  # noqa: F401  (a fixture)
+
+CPU = torch.device("cpu")
+HELD_OUT = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."  # the README's puzzle
+ESCARGOT = "1....7.9..3..2...8..96..5....53..9...1..8...26....4...3......1..4......7..7...3.."  # AI Escargot (2006)
+
+
+class FakeClock:
+    """Seconds that advance ``step`` each time they are read, and by what :func:`each_round` charges a round."""
+
+    def __init__(self, step: float = 0.0):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+PASS_S = 1 / 64  # what the fake clock charges a segment pass of one rollout (a power of 2: sums are exact)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return open_model(None, "sudoku", 81, 1, CPU, torch.float32)
+
+
+@pytest.fixture()
+def each_round(monkeypatch):
+    """The draws and the puzzle (as seen, in its view) of every round :func:`anytime.solve_anytime` runs; each round
+    moves ``each_round.clock`` by :data:`PASS_S` a segment pass, so the budget buys the same rounds on any machine."""
+    rounds = Rounds()
+    real = anytime.rollout_answers
+
+    def spy(forward, head, batch, ttc, draws, stop=None):
+        rounds.append((list(draws), batch["inputs"][0].clone()))
+        answers = real(forward, head, batch, ttc, draws, stop)
+        rounds.clock.now += PASS_S * len(draws) * (ttc.segments or head.model.config.halt_max_steps)
+        return answers
+
+    monkeypatch.setattr(anytime, "rollout_answers", spy)
+    return rounds
+
+
+class Rounds(list):
+    """The rounds :func:`each_round` saw, and the clock they move."""
+
+    def __init__(self):
+        super().__init__()
+        self.clock = FakeClock()
+
+
+def own_compute(bundled) -> TestTimeCompute:
+    return dataclasses.replace(TestTimeCompute.of_run(bundled.cfg), rollouts=1, views=1)
+
+
+def test_round_0_is_the_models_own_answer_and_a_consistent_one_ends_the_solve(bundled, each_round):
+    tokens = parse_sudoku(HELD_OUT, "p")
+    solved = anytime.solve_anytime(bundled, "sudoku", "p", tokens, 5.0, own_compute(bundled), CPU,
+                                   clock=each_round.clock)
+    assert solved.ended == "consistent" and solved.answer.consistent and solved.answer.selection == "checked"
+    assert (solved.spent.rounds, solved.spent.passes) == (1, 4) and each_round[0][0] == [(0.0, 0)]
+    inputs = torch.from_numpy(tokens[None].astype(np.int32))
+    plain = reason(bundled.head, bundled.head, {"inputs": inputs, "labels": inputs.long(),
+                                                "puzzle_identifiers": torch.zeros(1, dtype=torch.int32)},
+                   TestTimeCompute(segments=4))
+    assert np.array_equal(solved.answer.grid, plain["preds"][0].numpy())  # the references' answer of that puzzle
+
+
+def test_rounds_grow_in_fresh_seeds_and_views_until_the_budget_is_spent(bundled, each_round, monkeypatch):
+    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+    tokens = parse_sudoku(ESCARGOT, "escargot")
+    solved = anytime.solve_anytime(bundled, "sudoku", "escargot", tokens, 3.0, own_compute(bundled), CPU,
+                                   clock=each_round.clock)
+    assert solved.ended == "budget" and not solved.answer.consistent
+    sizes = [len(draws) for draws, _ in each_round]  # 3 s at 1/16 s a rollout of 4 segments: 48 rollouts
+    assert sizes == [1, 1, 2, 4, 8, 16, 16]  # the last cut from 32 to what the budget had left
+    seeds = [seed for draws, _ in each_round for _, seed in draws]
+    assert len(seeds) == len(set(seeds))  # no rollout repeats another
+    assert [noise for noise, _ in each_round[0][0]] == [0.0] and {n for d, _ in each_round[1:] for n, _ in d} == {0.5}
+    for r, (_, seen) in enumerate(each_round):  # round r sees the puzzle in dihedral view r mod 8
+        assert np.array_equal(seen.numpy(), tokens[dihedral_order(9, r % 8)])
+    assert (solved.spent.rounds, solved.spent.passes, solved.spent.seconds) == (7, 4 * 48, 3.0)
+
+
+def test_the_first_round_with_an_answer_that_obeys_the_rules_wins(bundled, each_round, monkeypatch):
+    tokens = parse_sudoku(ESCARGOT, "escargot")
+    first = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 0.001, own_compute(bundled), CPU,
+                                  clock=FakeClock(1.0)).answer.grid  # round 0 alone
+    monkeypatch.setitem(solving.RULES, "sudoku",
+                        lambda answer, puzzle: [] if not np.array_equal(answer, first) else ["round 0's answer"])
+    each_round.clear()
+    solved = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 1e6, own_compute(bundled), CPU,
+                                   clock=each_round.clock)
+    assert solved.ended == "consistent" and not np.array_equal(solved.answer.grid, first)
+    assert solved.spent.rounds == len(each_round) >= 2
+
+
+def test_enough_ends_with_the_best_answer_so_far_and_cancel_abandons(bundled, each_round, monkeypatch):
+    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+    tokens, asked = parse_sudoku(ESCARGOT, "e"), []
+
+    def enough():
+        asked.append(1)
+        return len(asked) > 13  # at segment 2 of round 3 (4 segments a round)
+
+    solved = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 1e6, own_compute(bundled), CPU, enough=enough,
+                                   clock=each_round.clock)
+    assert solved.ended == "stopped" and solved.answer is not None
+    assert (solved.spent.rounds, solved.spent.passes) == (3, 4 * (1 + 1 + 2) + 1 * 4)  # round 3: 1 segment of 4
+    with pytest.raises(Cancelled):
+        anytime.solve_anytime(bundled, "sudoku", "e", tokens, 1e6, own_compute(bundled), CPU, cancel=lambda: True,
+                              clock=each_round.clock)
+
+
+def test_rollouts_side_by_side_answer_as_one_at_a_time(bundled, monkeypatch):
+    puzzles = np.stack([parse_sudoku(HELD_OUT, "a"), parse_sudoku(ESCARGOT, "b")]).astype(np.int32)
+    inputs = torch.from_numpy(puzzles)
+    batch = {"inputs": inputs, "labels": inputs.long(), "puzzle_identifiers": torch.zeros(2, dtype=torch.int32)}
+    ttc = TestTimeCompute(segments=3, rollouts=12, noise=0.5, seed=7, keep_segments=True, early_exit=True)
+    together = reason(bundled.head, bundled.head, batch, ttc)
+    monkeypatch.setattr(reasoning, "ROLLOUT_ROWS", 2)  # one rollout of the 2 puzzles a call: the code before
+    alone = reason(bundled.head, bundled.head, batch, ttc)
+    for key in ("preds", "segment_preds", "segments"):
+        assert torch.equal(together[key], alone[key]), key
+    for key in ("logits", "q_halt_logits", "segment_q_halt"):
+        torch.testing.assert_close(together[key], alone[key], rtol=1e-4, atol=1e-4)
+
+
+def test_solve_py_exits_1_with_the_best_answer_and_what_would_help(tmp_path, capsys):
+    args = ["--sudoku", ESCARGOT, "--device", "cpu", "--out", str(tmp_path / "out")]
+    assert solve.main([*args, "--budget", "0.001"]) == 1  # round 0 alone: the model's own answer fails here
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("checked, anytime, <=0.001 s a puzzle: none obeyed the rules in 1 round(s), 4 "
+                               "segment passes, ") for line in out)
+    assert "checked selection found no answer that obeys the rules: this is the Q head's choice" in "\n".join(out)
+    assert out[-1].startswith("more time may find a consistent answer: --budget 0.004 spends up to 0.004 s a puzzle")
+    assert solve.main([*args, "--budget", "0"]) == 1  # fixed compute: the card's 16 rollouts of 4 segments
+    out = capsys.readouterr().out.splitlines()
+    assert "64 segment passes a puzzle in" in out[-2]
+    assert out[-1].startswith("more test-time compute may find a consistent answer: --rollouts 64 (about ")
+    assert "--budget 30" in out[-1]
+
+
+def test_solve_py_refuses_budgets_it_cannot_keep(tmp_path, capsys):
+    for flags, wanted in ((["--budget", "-1"], "--budget -1 is out of range"),
+                          (["--budget", "5", "--rollouts", "4"], "--rollouts 4 with --budget"),
+                          (["--budget", "5", "--views", "2"], "--views 2 with --budget"),
+                          (["--budget", "nan"], "--budget nan is out of range")):
+        assert solve.main(["--sudoku", HELD_OUT, "--device", "cpu", "--out", str(tmp_path), *flags]) == 2
+        assert wanted in capsys.readouterr().err
+
+
+def test_evaluate_py_reports_the_anytime_protocol_on_its_own_line(sudoku_dir, capsys):
+    bundled = str(solving.bundled_checkpoint("sudoku"))
+    assert evaluate.main(["--checkpoint", bundled, "--data-path", str(sudoku_dir), "--device", "cpu",
+                          "--max-examples", "3", "--budget", "2", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    line = next(line for line in out if line.startswith("checked, anytime, <=2 s a puzzle: solved "))
+    assert "(95% CI " in line and "n=3)" in line and "seconds median" in line and "segment passes median" in line
+    assert any(line.strip().startswith("exact_accuracy:") for line in out)  # the model-only figure stays
+
+
+def test_the_page_solves_under_a_budget_shows_its_progress_and_stops_with_its_best(shipped, monkeypatch):  # noqa: F811
+    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+    models = call(shipped, "GET", "/api/models")[1]["models"]
+    assert models[0]["compute"]["budget"] == 0  # this page was started without one: fixed compute by default
+    replies = []
+    request = {"model": 0, "puzzle": ESCARGOT, "compute": {"budget": MAX_PAGE_BUDGET_S, "segments": 2}}
+    solving_thread = threading.Thread(target=lambda: replies.append(call(shipped, "POST", "/api/solve", request)))
+    solving_thread.start()
+    until(lambda: call(shipped, "GET", "/api/progress")[1].get("rounds", 0) >= 3, "three rounds are in")
+    progress = call(shipped, "GET", "/api/progress")[1]
+    assert progress["solving"] and progress["budget"] == MAX_PAGE_BUDGET_S and progress["passes"] >= 2 * 4
+    assert call(shipped, "POST", "/api/stop", {}) == (200, {"stopping": True})
+    solving_thread.join(300)
+    status, answer = replies[0]
+    assert status == 200 and answer["anytime"]["ended"] == "stopped" and not answer["consistent"]
+    assert answer["anytime"]["protocol"] == f"checked, anytime, <={MAX_PAGE_BUDGET_S} s a puzzle"
+    assert answer["anytime"]["rounds"] >= 3 and answer["compute"]["budget"] == MAX_PAGE_BUDGET_S
+    assert call(shipped, "GET", "/api/progress")[1] == {"solving": False}
+    assert call(shipped, "POST", "/api/stop", {}) == (200, {"stopping": False})  # nothing under way
+
+
+def test_the_pages_budget_is_bounded_and_leaves_rollouts_to_its_rounds(shipped):  # noqa: F811
+    for compute, wanted in (({"budget": MAX_PAGE_BUDGET_S + 1}, "--budget=301 is out of range"),
+                            ({"budget": 5, "rollouts": 4}, "--rollouts 4 with --budget"),
+                            ({"budget": "5"}, "--budget='5' is not a float")):
+        status, reply = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": HELD_OUT, "compute": compute})
+        assert status == 400 and wanted in reply["error"], reply
