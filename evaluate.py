@@ -36,7 +36,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = ArgumentParser(description="Evaluate an HRM/TRM checkpoint (ours or the reference's) on a test split, or "
                                         "score saved test outputs (ARC: voting pass@K and submission.json).")
     parser.add_argument("run", nargs="?", metavar="RUN_DIR", help="a run directory: evaluate its best checkpoint "
-                                                                  "(best.pt), or its newest one when it has none")
+                                                                  "(best.pt), or its newest one when it has none; "
+                                                                  "or a folder of runs, such as checkpoints/<dataset>: "
+                                                                  "its newest run")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--checkpoint", help="step_<N>.pt or best.pt from pretrain.py, a run directory, a reference "
                                              "checkpoint file, or hf://owner/repo[/file] on the Hugging Face Hub")

@@ -48,7 +48,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                                    "space (open), S and G.\nARC: a task JSON in the ARC Prize format "
                                    "({\"train\": [{\"input\", \"output\"}...], \"test\": [{\"input\"}...]}).")
     parser.add_argument("--checkpoint", action="append", default=None,
-                        help="a checkpoint file, a run directory (its best.pt), or hf://owner/repo[/file] (default: "
+                        help="a checkpoint file, a run directory (its best.pt), a folder of runs (its newest), or "
+                             "hf://owner/repo[/file] (default: "
                              "the bundled model for the task); with --serve, repeat it to offer several")
     puzzle = parser.add_mutually_exclusive_group()
     puzzle.add_argument("--sudoku", metavar="PUZZLE_OR_FILE", help="a Sudoku, or a file of them")

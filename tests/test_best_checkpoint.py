@@ -40,3 +40,7 @@ def test_best_pt_holds_the_better_evaluation_and_evaluate_uses_it(sudoku_dir, tm
     assert evaluate.main(["--device", "cpu", str(run), "--json"]) == 0
     assert "the run's best checkpoint best.pt (exact_accuracy 0.5000 at step 8)" in caplog.text
     assert "exact_accuracy" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    caplog.clear()
+    capsys.readouterr()
+    assert evaluate.main(["--device", "cpu", str(tmp_path), "--json"]) == 0  # a folder of runs: its newest
+    assert f"the newest run in {tmp_path}, run: the run's best checkpoint best.pt" in caplog.text

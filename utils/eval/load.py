@@ -29,7 +29,7 @@ from models.checkpoints import load_model_weights
 from utils.config import ConfigError, PretrainConfig, build_config, to_dict
 from utils.data.puzzle_dataset import load_metadata
 from utils.checkpoint import CheckpointError, safe_load
-from utils.run.run_dir import newest_loadable, read_manifest, recorded_checkpoints
+from utils.run.run_dir import PLAN, newest_loadable, read_manifest, recorded_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,8 @@ def resolve_checkpoint(spec: str) -> tuple[Path, str]:
     """The checkpoint file ``spec`` names, and a note saying which one was picked and why.
 
     ``spec`` is a checkpoint file; a run directory (its ``best.pt`` when the run recorded one, else its newest
-    valid step checkpoint); or ``hf://owner/repo[/file]`` (see :func:`utils.hub.resolve_checkpoint`).
+    valid step checkpoint); a folder of runs, such as ``checkpoints/<dataset>`` (its newest run, as a run directory);
+    or ``hf://owner/repo[/file]`` (see :func:`utils.hub.resolve_checkpoint`).
 
     Raises:
         CheckpointError: nothing there, or a run directory without a checkpoint.
@@ -133,6 +134,10 @@ def resolve_checkpoint(spec: str) -> tuple[Path, str]:
     path = Path(spec)
     if not path.is_dir():
         return path, ""
+    run = newest_run(path)
+    if run is not None:
+        found, why = resolve_checkpoint(str(run))
+        return found, f"the newest run in {path}, {run.name}: {why}"
     manifest = read_manifest(path) or {}
     best = manifest.get("best")
     if best and (path / best).is_file():
@@ -144,6 +149,15 @@ def resolve_checkpoint(spec: str) -> tuple[Path, str]:
         raise CheckpointError(f"{path} holds no valid checkpoint (no best.pt, no loadable step_<N>.pt); pass a "
                               "checkpoint file or a run directory with one")
     return found[0], f"the run's newest checkpoint {found[0].name} (it has no best.pt)"
+
+
+def newest_run(folder: Path) -> Optional[Path]:
+    """The run directory (one with a ``plan.yaml``, which a run writes first) most recently started among
+    ``folder``'s own folders, when ``folder`` is not a run directory itself and holds no checkpoint; else None."""
+    if (folder / PLAN).is_file() or any(folder.glob("*.pt")):
+        return None
+    runs = [child for child in folder.iterdir() if (child / PLAN).is_file()]
+    return max(runs, key=lambda run: (run / PLAN).stat().st_mtime, default=None)
 
 
 def checkpoint_settings(path: Path, payload: dict) -> PretrainConfig:

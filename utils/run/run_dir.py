@@ -41,6 +41,7 @@ from utils.checkpoint import CheckpointError, CheckpointWriteError, safe_load
 log = logging.getLogger(__name__)
 
 MANIFEST = "run.json"
+PLAN = "plan.yaml"  # every setting and decision of a run, written as it starts
 LOCK = "run.lock"
 # What a trainer may write into its run directory; a new run refuses a directory holding any of them, and a
 # run that fails before its first checkpoint removes the ones it created.

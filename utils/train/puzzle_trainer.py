@@ -52,7 +52,7 @@ from utils.run.guard import NonFiniteGuard
 from utils.run.main import run_main
 from utils.run.metrics import MetricsWindow, MetricsWriter
 from utils.run.plan import Decision, Plan, layered_settings
-from utils.run.run_dir import run_location, settings_fingerprint
+from utils.run.run_dir import PLAN, run_location, settings_fingerprint
 from utils.run.schedule import LRSchedule
 from utils.run.session import RunSession, open_session, resume_command, stop_run
 from utils.run.stop import GracefulStop
@@ -624,7 +624,7 @@ def report_start(setup: Setup, data: PuzzleData, state: PuzzleTrainState, sessio
                     "evaluation intervals (epochs / eval_interval); lower min_eval_interval or add epochs",
                     cfg.min_eval_interval, data.total_iters)
     seconds = report_length(setup, data, state)
-    setup.plan.save(run.path / "plan.yaml")
+    setup.plan.save(run.path / PLAN)
     OmegaConf.save(setup.plan.settings, run.path / "all_config.yaml")
     return seconds
 
