@@ -732,9 +732,11 @@ class PageServer(ThreadingHTTPServer):
             return
         try:
             super().process_request(request, client_address)
-        except BaseException:  # its thread did not start
+        except Exception:  # its thread did not start
             self._leave(who)
             raise
+        # Ctrl-C or SIGTERM while start() waits for the thread passes through untouched: the thread runs and leaves
+        # itself, and serve() must see the interrupt (caught here, it became a KeyError and the server served on).
 
     def _busy(self, who: str) -> Optional[str]:
         """Why a new connection from ``who`` is not served now (the caller holds the count's lock); None: it is."""
