@@ -51,7 +51,7 @@ def each_round(monkeypatch):
 
     def spy(forward, head, batch, ttc, draws, stop=None):
         rounds.append((list(draws), batch["inputs"][0].clone()))
-        answers = real(forward, head, batch, ttc, draws, stop)
+        answers = list(real(forward, head, batch, ttc, draws, stop))  # a generator: run the round, then charge it
         rounds.clock.now += PASS_S * len(draws) * (ttc.segments or head.model.config.halt_max_steps)
         return answers
 
