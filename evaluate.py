@@ -161,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     path, cfg = trained.path, trained.cfg
     data_path = args.data_path or (cfg.data_paths_test or cfg.data_paths or [cfg.data_path])[0]
     batch_size = args.batch_size or cfg.global_batch_size
+    if args.max_examples is not None and args.batch_size is None:
+        batch_size = min(batch_size, args.max_examples)  # whole batches: --max-examples 2 must not answer 64
     head = trained.head
     loader = PuzzleDataset(data_path, "test", batch_size, seed=cfg.seed)
     arc = ARC(data_path) if (Path(data_path) / "test_puzzles.json").is_file() else None

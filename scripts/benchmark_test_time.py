@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--grid", action="store_true",
                         help="the whole --segments x --rollouts grid from one set of passes, model-only and checked")
-    parser.add_argument("--max-examples", type=positive, help="--grid: stop after about this many puzzles")
+    parser.add_argument("--max-examples", type=positive, help="stop after about this many puzzles (whole batches of --batch-size)")
     parser.add_argument("--picture", help="--grid: also draw accuracy against test-time compute into this PNG")
     args = parser.parse_args(argv)
     for flag in ("json", "picture"):
@@ -223,7 +223,8 @@ def main(argv=None) -> int:
         loader = PuzzleDataset(data_path, "test", args.batch_size, seed=0)
         start = time.perf_counter()
         with torch.inference_mode():
-            metrics = evaluate_puzzles(trained.head, trained.head, loader, device, Dist(), ttc=ttc, progress=False)
+            metrics = evaluate_puzzles(trained.head, trained.head, loader, device, Dist(), args.max_examples,
+                                       ttc=ttc, progress=False)
         seconds = time.perf_counter() - start
         baseline = baseline or seconds
         rows.append({"policy": name, "exact_accuracy": metrics["exact_accuracy"],

@@ -178,6 +178,16 @@ def test_evaluate_py_reports_the_anytime_protocol_on_its_own_line(sudoku_dir, ca
     assert any(line.strip().startswith("exact_accuracy:") for line in out)  # the model-only figure stays
 
 
+def test_evaluate_py_max_examples_answers_that_many_not_a_training_batch(sudoku_dir, capsys):
+    """--max-examples 2 used to answer a whole batch of the run's global_batch_size (64: two minutes with 16
+    rollouts on a CPU) and count them all; now the batch is cut to it."""
+    bundled = str(solving.bundled_checkpoint("sudoku"))
+    assert evaluate.main(["--checkpoint", bundled, "--data-path", str(sudoku_dir), "--device", "cpu",
+                          "--max-examples", "2", "--rollouts", "1"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("exact_accuracy:"))
+    assert "n=2)" in line, line
+
+
 def test_the_page_solves_under_a_budget_shows_its_progress_and_stops_with_its_best(shipped, monkeypatch):  # noqa: F811
     monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
     models = call(shipped, "GET", "/api/models")[1]["models"]
