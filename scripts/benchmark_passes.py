@@ -1,7 +1,7 @@
-"""Segment passes a second at test time: one puzzle answered in K rollouts, the rollouts one forward call each (as
-before rollouts were answered side by side), all K in one call, and side by side as utils/eval/reasoning.py now
-does (``rows_per_call``: on a CPU about a thousand tokens a call), measured in this run, interleaved, on the same
-puzzle and seeds; the answers of all three are compared.
+"""Segment passes a second at test time: one puzzle answered in K rollouts, the rollouts one forward call each with
+the SwiGLU out of place (as before rollouts were answered side by side), all K in one call, and side by side as
+utils/eval/reasoning.py now does (``rows_per_call``: on a CPU about a thousand tokens a call), measured in this run,
+interleaved, on the same puzzle and seeds; the answers of all three are compared.
 
 A segment pass is one ACT segment of one rollout of one puzzle: what solve.py, the page, evaluate.py and anytime
 solving (utils/eval/anytime.py) spend. The table gives, for each K, the median over ``--repeats`` of passes a second
@@ -90,11 +90,19 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 MIN_SECONDS = 1.0  # each measurement repeats its work for at least this long
-WAYS = {  # name: (ROLLOUT_ROWS, CPU_TOKENS_PER_CALL) of utils/eval/reasoning.py
-    "one rollout a call (before)": (1, 10**9),
-    "all K in one call": (1024, 10**9),
-    "side by side, <=1024 tokens a call (now)": (None, None),  # the module's own settings
+WAYS = {  # name: (ROLLOUT_ROWS, CPU_TOKENS_PER_CALL) of utils/eval/reasoning.py, SwiGLU in place without autograd
+    "one rollout a call (before)": (1, 10**9, False),
+    "all K in one call": (1024, 10**9, True),
+    "side by side, <=1024 tokens a call (now)": (None, None, True),  # the module's own settings
 }
+
+
+def out_of_place_swiglu(self, x):
+    """models.layers.SwiGLU.forward as it was before it ran in place without autograd: the before's baseline."""
+    import torch.nn.functional as F
+
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    return self.down_proj(F.silu(gate) * up)
 
 
 def measure(trained, tokens, k: int, segments: int, repeats: int) -> tuple[dict[str, float], bool]:
@@ -102,25 +110,27 @@ def measure(trained, tokens, k: int, segments: int, repeats: int) -> tuple[dict[
     ways give the same answers."""
     import torch
 
+    from models.layers import SwiGLU
     from utils.eval import reasoning
     from utils.eval.reasoning import TestTimeCompute
 
     batch = {"inputs": tokens, "labels": tokens.long(), "puzzle_identifiers": torch.zeros(1, dtype=torch.int32)}
     ttc = TestTimeCompute(segments=segments, rollouts=k, noise=0.5 if k > 1 else 0.0)
-    own = reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL
+    own = reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL, SwiGLU.forward
     rates: dict[str, list[float]] = {way: [] for way in WAYS}
     answers = {}
     try:
         for _ in range(repeats + 1):  # the first of each is a warm-up, not counted
-            for way, (rows, tokens_per_call) in WAYS.items():
+            for way, (rows, tokens_per_call, in_place) in WAYS.items():
                 reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL = (rows or own[0], tokens_per_call or own[1])
+                SwiGLU.forward = own[2] if in_place else out_of_place_swiglu
                 start, runs = time.perf_counter(), 0
                 while not runs or time.perf_counter() - start < MIN_SECONDS:  # short runs: the clock's noise
                     answers[way] = list(reasoning.rollouts(trained.head, trained.head, batch, ttc))
                     runs += 1
                 rates[way].append(runs * k * segments / (time.perf_counter() - start))
     finally:
-        reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL = own
+        reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL, SwiGLU.forward = own
     first, *others = answers.values()
     agree = all(torch.equal(a["preds"], b["preds"]) and
                 torch.allclose(a["q_halt_logits"], b["q_halt_logits"], rtol=1e-4, atol=1e-4)
