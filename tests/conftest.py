@@ -27,10 +27,29 @@ HAS_CUDA = torch.cuda.is_available()
 
 def pytest_configure(config):
     """Under pytest-xdist each worker's torch takes its share of the cores, not all of them: two workers with two
-    threads each on two cores spend their time switching."""
+    threads each on two cores spend their time switching. Ctrl-C keeps its meaning (below)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    # A suite started in the background by a shell without job control (`pytest &` in a script) ignores SIGINT, and
+    # an ignored signal stays ignored across exec: the commands the tests start would then shrug off the Ctrl-C the
+    # tests send them. Ctrl-C is the tests' to send, so it gets its usual meaning here and in every child.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The documented commands tests/test_docs_run.py ran, and those it could not run here, with the reasons (each
+    test records its list as the user property ``documented commands``, which pytest-xdist carries back)."""
+    lines = [(status, command, note) for reports in terminalreporter.stats.values() for report in reports
+             if getattr(report, "when", None) == "call"
+             for name, value in getattr(report, "user_properties", ()) if name == "documented commands"
+             for status, command, note in value]
+    if not lines:
+        return
+    terminalreporter.section("documented commands (tests/test_docs_run.py)")
+    for status, command, note in sorted(dict.fromkeys(lines), key=lambda line: line[0] != "ran"):
+        terminalreporter.write_line(f"{status:6} {command}\n         {note}")
 
 
 def pytest_collection_modifyitems(config, items):

