@@ -355,7 +355,7 @@ def card(name: str, training: Training, source: Path, payload: dict, staged: Pat
 | commit | `{commit_of(source.parent)}` |
 | architecture | `{cfg['arch']['name']}`, hidden {cfg['arch'].get('hidden_size')}, {params:,} parameters |
 | data | {described} |
-| held-out accuracy, the recipe's test-time compute ({compute}; solve.py's default) | {accuracy(default)} |
+| held-out accuracy, the recipe's test-time compute ({compute}; `solve.py --budget 0`) | {accuracy(default)} |
 | held-out accuracy, one answer ({cfg['arch']['halt_max_steps']} segments, the references' evaluation) | {accuracy(plain)} |
 | file | `{published.name}`, {staged.stat().st_size:,} bytes, float32 weights{' (the EMA weights)' if cfg.get('ema') else ''}; SHA-256 `{file_sha256(staged)}` |
 
