@@ -133,7 +133,7 @@ def missing_input(words: list[str], copy: Path) -> Optional[Cannot]:
         if cfg.dataset_builder is None and not all((copy / p).exists() for p in paths):
             return Cannot(lambda w: True, f"trains on {', '.join(paths)}, which a command above downloads (it "
                                           "cannot run here) and the recipe does not build itself",
-                          f"python scripts/reproduce.py --list, then python scripts/reproduce.py ROW --dry-run")
+                          "python scripts/reproduce.py --list, then python scripts/reproduce.py ROW --dry-run")
     if target in ("evaluate.py", "solve.py"):
         run = args[0] if target == "evaluate.py" and args and not args[0].startswith("-") else \
             next((args[i + 1] for i, a in enumerate(args[:-1]) if a == "--checkpoint"), None)
@@ -325,9 +325,7 @@ def started_by_the_docs() -> set[str]:
     for _, commands in DOCUMENTED:
         for command in commands:
             words = shlex.split(command)
-            while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
-                words.pop(0)
-            target, args = program(words)
+            target, args = program(words)  # VAR=value prefixes skipped
             if target == "pretrain.py" and cannot(words) is None:
                 name, overrides = recipe_of(args)
                 if recipe_config(name, overrides).dataset_builder is not None:
