@@ -38,9 +38,11 @@ def test_expert_puzzles_are_unique_rated_and_minimal(made):
     assert set(grids) == seen and max(grids.count(g) for g in grids) <= SMALL.per_grid
 
 
-def test_a_seed_gives_the_same_puzzles_on_any_number_of_workers(made):
+def test_a_seed_gives_the_same_puzzles_on_any_number_of_workers_and_fewer_are_the_first(made):
     again = generate_expert(4, seed=5, min_rating=FLOOR, workers=2, search=SMALL)
     assert np.array_equal(again[0], made[0]) and np.array_equal(again[1], made[1])
+    fewer = generate_expert(2, seed=5, min_rating=FLOOR, search=SMALL)  # 2 chains, not a task of 3
+    assert np.array_equal(fewer[0], made[0][:2]) and np.array_equal(fewer[1], made[1][:2])
     other = generate_expert(2, seed=6, min_rating=FLOOR, search=SMALL)
     assert not np.array_equal(other[0], made[0][:2])
 

@@ -163,11 +163,18 @@ def _chain(index: int, seed: int, stream: int, min_rating: int, search: ExpertSe
     return solution, kept[:search.per_grid]
 
 
-def _run_task(task: int, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> list:
-    """The chains of task ``task``; their results in chain order."""
-    first = task * search.chains_per_task
-    chains = [_chain(k, seed, stream, min_rating, search) for k in range(first, first + search.chains_per_task)]
-    return sudoku_rating.run_jobs(chains)
+def _run_task(chains: range, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> list:
+    """The chains numbered ``chains``; their results in chain order."""
+    return sudoku_rating.run_jobs([_chain(k, seed, stream, min_rating, search) for k in chains])
+
+
+def _tasks(first: int, missing: int, workers: int, search: ExpertSearch) -> list[range]:
+    """The next chains to run, from chain ``first``, as tasks of consecutive chains: enough for ``missing`` puzzles
+    if half the chains keep ``per_grid`` each, at least one task a worker, at most ``chains_per_task`` a task (so a
+    small set runs a few chains, not a whole task's)."""
+    chains = math.ceil(missing / (search.per_grid / 2))
+    size = max(1, min(search.chains_per_task, math.ceil(chains / workers)))
+    return [range(first + i * size, first + (i + 1) * size) for i in range(max(workers, math.ceil(chains / size)))]
 
 
 def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MIN_RATING, workers: int = 1,
@@ -175,10 +182,11 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
                     search: ExpertSearch = ExpertSearch()) -> tuple[np.ndarray, np.ndarray, set[bytes]]:
     """``count`` expert puzzles: unique solutions, rated at least ``min_rating`` (see the module docstring).
 
-    Chains 0, 1, 2, ... of ``stream`` are run in tasks of ``search.chains_per_task`` on ``workers`` processes, and
-    their puzzles are taken in chain order until there are ``count`` (the last chain's cut short), skipping every
-    chain whose solution grid's fingerprint is in ``exclude`` or was taken before; so the result depends on
-    ``seed``, ``stream``, ``min_rating`` and ``search``, not on ``workers``. The signature and return value follow
+    Chains 0, 1, 2, ... of ``stream`` are run in tasks of at most ``search.chains_per_task`` on ``workers``
+    processes, and their puzzles are taken in chain order until there are ``count`` (the last chain's cut short),
+    skipping every chain whose solution grid's fingerprint is in ``exclude`` or was taken before; so the result
+    depends on ``seed``, ``stream``, ``min_rating`` and ``search``, not on ``workers``, and a smaller ``count`` gives
+    the first puzzles of a larger one. The signature and return value follow
     :func:`utils.data.sudoku.generate_distinct`, so :func:`utils.data.common.generate_train_test` can drive it.
 
     Args:
@@ -196,14 +204,12 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
     seen = set(exclude or ())
     questions, answers = [], []
     work = partial(_run_task, seed=seed, stream=stream, min_rating=min_rating, search=search)
-    next_task, barren = 0, 0
+    next_chain, barren = 0, 0
     with worker_pool(workers) as pool, \
             tqdm(total=count, desc=desc, unit="puzzle") as bar:
         while len(questions) < count:
-            # Enough tasks for the puzzles still missing if half the chains keep per_grid each; at least one a worker.
-            tasks = max(workers, math.ceil((count - len(questions)) / (search.chains_per_task * search.per_grid / 2)))
-            batch = range(next_task, next_task + tasks)
-            next_task = batch.stop
+            batch = _tasks(next_chain, count - len(questions), workers, search)
+            next_chain = batch[-1].stop
             for results in pool.imap(work, batch):
                 for solution, kept in results:
                     if len(questions) == count:
