@@ -621,7 +621,8 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
     """The whole run; returns 0 when the schedule (and the test) is done, ``stopper.exit_code`` when a signal stopped it."""
     clock = Clock()
     args, plan, device = resolve_settings(argv, rank)
-    configure_backends(device, args.cudnn_benchmark, deterministic=args.cudnn_deterministic, warn_only=True)
+    configure_backends(device, args.cudnn_benchmark, deterministic=args.cudnn_deterministic, warn_only=True,
+                       compiling=False)  # this trainer does not compile
     if args.eval_only:
         return evaluate_only(args, plan, device, rank, stopper)
     data = load_data(args, rank)

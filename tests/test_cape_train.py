@@ -213,7 +213,7 @@ def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, data_root, tmp_pat
     flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "1", "--cudnn_deterministic"]
     assert trainer.main(flags) == 0
-    assert calls == [(False, {"deterministic": True, "warn_only": True})]
+    assert calls == [(False, {"deterministic": True, "warn_only": True, "compiling": False})]
 
 
 def spawn(data_root, out, *extra, epochs=2, env=None):

@@ -457,3 +457,32 @@ def test_oom_backoff_gives_up_at_the_minimum_and_passes_other_errors_through():
     assert calls == [8]
     with pytest.raises(ValueError, match="batch_size >= min_batch_size >= 1"):
         ho.run_with_oom_backoff(shape_bug, 2, min_batch_size=4)
+
+
+def test_configure_backends_sets_determinism_both_ways(request):
+    """device=cpu: a process that runs several trainings keeps no earlier run's choice, whether the run compiles
+    (torch's setter, which tells inductor too) or not (torch's flag alone, without loading the compiler)."""
+    from utils.device import configure_backends
+
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    request.addfinalizer(lambda: torch.use_deterministic_algorithms(before[0], warn_only=before[1]))
+    for compiling in (False, True):
+        for deterministic, warn_only in ((True, False), (True, True), (False, False)):
+            configure_backends(torch.device("cpu"), deterministic=deterministic, warn_only=warn_only,
+                               compiling=compiling)
+            assert torch.are_deterministic_algorithms_enabled() == deterministic
+            assert torch.is_deterministic_algorithms_warn_only_enabled() == warn_only
+            if compiling:
+                import torch._inductor.config as inductor_config
+
+                assert inductor_config.deterministic == deterministic
+
+
+def test_a_run_that_does_not_compile_leaves_the_compiler_unloaded():
+    """device=cpu: the setting costs no compiler import (about 3 s a process on a 2-core CPU)."""
+    probe = ("import sys, torch\nfrom utils.device import configure_backends\n"
+             "configure_backends(torch.device('cpu'), deterministic=True, compiling=False)\n"
+             "assert torch.are_deterministic_algorithms_enabled()\n"
+             "print('torch._inductor.config' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

@@ -13,6 +13,7 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import sysconfig
 import tempfile
 from dataclasses import dataclass
@@ -210,18 +211,26 @@ def select_dtype(device: torch.device, forced: str | None = None) -> tuple[torch
 
 
 def configure_backends(device: torch.device, cudnn_benchmark: bool = True, deterministic: bool = False,
-                       warn_only: bool = False) -> None:
+                       warn_only: bool = False, compiling: bool = True) -> None:
     """Turn on TF32 matmuls and cuDNN autotuning on CUDA; with ``deterministic``, bitwise-reproducible kernels
     everywhere instead (no autotuning, ``torch.use_deterministic_algorithms``; ``warn_only`` for models with
     backward passes that have no deterministic kernel, such as some upsamplings).
 
     TF32 is set through ``torch.set_float32_matmul_precision`` only: mixing it with the
     newer ``fp32_precision`` attributes raises on torch >= 2.9.
+
+    ``compiling``: whether this process will ``torch.compile``. ``torch.use_deterministic_algorithms`` also sets
+    inductor's ``deterministic``, and imports the compiler to do so (about 3 s on a 2-core CPU, in every process);
+    a run that does not compile sets torch's own flag alone, unless the compiler is loaded already.
     """
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS needs it
     # Set both ways: a process that runs several trainings (a notebook, the tests) keeps no earlier run's choice.
-    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    set_alone = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if compiling or "torch._inductor.config" in sys.modules or set_alone is None:
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    else:
+        set_alone(deterministic, warn_only=warn_only)
     torch.backends.cudnn.deterministic = deterministic
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")

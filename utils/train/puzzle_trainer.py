@@ -655,7 +655,7 @@ def train(launch: Launch, rank: Dist, stopper: GracefulStop) -> int:
     clock = Clock()  # eval/elapsed_s counts from here: wall time as a user waits for it
     setup = resolve_setup(launch, rank)
     cfg, device = setup.cfg, setup.device
-    configure_backends(device, cudnn_benchmark=True, deterministic=cfg.deterministic)
+    configure_backends(device, cudnn_benchmark=True, deterministic=cfg.deterministic, compiling=setup.compile)
     # A data build has no step to finish: a stop ends it at once (its workers with it; nothing half-built is published).
     with stopper.at_once(during="the data preparation (a dataset is published only once built whole)"):
         data = load_data(setup, rank)
