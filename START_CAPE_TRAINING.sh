@@ -19,7 +19,6 @@ die() { echo "START_CAPE_TRAINING: error: $*" >&2; exit 2; }
 
 PYTHON="${PYTHON:-$(command -v python3 || command -v python || true)}"
 [[ -n "$PYTHON" ]] && command -v "$PYTHON" >/dev/null || die "no python found: install Python 3.10+ or set PYTHON=/path/to/python"
-"$PYTHON" -c "import torch" 2>/dev/null || die "$PYTHON cannot import torch: install the requirements (pip install -r requirements.txt)"
 
 # Flags the user passes that change what this script must decide.
 REQUESTED_DEVICE=auto
@@ -37,14 +36,23 @@ for arg in "$@"; do
   prev="$arg"
 done
 
+# One interpreter checks torch and picks the device: each start of one imports torch, a few seconds on a small CPU.
 DEVICE=$("$PYTHON" -c "
-import sys, utils
+import sys
+try:
+    import torch
+except Exception:
+    sys.exit(3)
+import utils
 from utils.device import DeviceError, select_device
 try:
     print(select_device(sys.argv[1]).device.type)
 except DeviceError as e:
     sys.exit(f'START_CAPE_TRAINING: {e}')
-" "$REQUESTED_DEVICE") || exit 2
+" "$REQUESTED_DEVICE") || {
+  [[ $? == 3 ]] && die "$PYTHON cannot import torch: install the requirements (pip install -r requirements.txt)"
+  exit 2
+}
 
 if [[ -n "$USER_DATA_ROOT" ]]; then
   DATA_ARGS=()
