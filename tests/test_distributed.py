@@ -41,20 +41,32 @@ def eval_points(run_dir):
     return [p for p in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "eval/accuracy" in p]
 
 
-def test_two_gloo_processes_match_one_process_and_only_rank0_writes(sudoku_dir, tmp_path):
-    common = ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", *TINY]
-    single = run([sys.executable, "pretrain.py", *common, f"checkpoint_path={tmp_path / 'one'}"])
+def common(sudoku_dir) -> list[str]:
+    """The settings of every run here: 4 steps an epoch, evaluations and checkpoints at steps 8 and 16."""
+    return ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", *TINY]
+
+
+@pytest.fixture(scope="module")
+def two_processes(sudoku_dir, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A run of two gloo processes under torchrun, uninterrupted: its directory and its process."""
+    where = tmp_path_factory.mktemp("two") / "run"
+    done = torchrun("pretrain.py", *common(sudoku_dir), f"checkpoint_path={where}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return where, done
+
+
+def test_two_gloo_processes_match_one_process_and_only_rank0_writes(sudoku_dir, two_processes, tmp_path):
+    single = run([sys.executable, "pretrain.py", *common(sudoku_dir), f"checkpoint_path={tmp_path / 'one'}"])
     assert single.returncode == 0, single.stdout + single.stderr
-    double = torchrun("pretrain.py", *common, f"checkpoint_path={tmp_path / 'two'}")
-    assert double.returncode == 0, double.stdout + double.stderr
+    two_dir, double = two_processes
     assert "processes: 2" in double.stderr and double.stderr.count("run directory:") == 1  # rank 0 logs alone
 
-    one, two = safe_load(tmp_path / "one" / "step_16.pt"), safe_load(tmp_path / "two" / "step_16.pt")
+    one, two = safe_load(tmp_path / "one" / "step_16.pt"), safe_load(two_dir / "step_16.pt")
     for key, value in one["model"].items():
         torch.testing.assert_close(two["model"][key], value, atol=2e-5, rtol=1e-4, msg=f"weights differ at {key}")
     assert len(two["ranks"]) == 2 and all(r["carry"] is not None for r in two["ranks"])  # every rank's ACT carry
 
-    evals_one, evals_two = eval_points(tmp_path / "one"), eval_points(tmp_path / "two")
+    evals_one, evals_two = eval_points(tmp_path / "one"), eval_points(two_dir)
     assert [p["step"] for p in evals_two] == [p["step"] for p in evals_one]  # no duplicate lines from rank 1
     for a, b in zip(evals_one, evals_two):
         assert b["eval/count"] == a["eval/count"] == 40
@@ -92,16 +104,12 @@ def test_global_batch_must_divide_by_world_size(sudoku_dir, tmp_path):
     assert "global_batch_size 31 is not divisible by the 2 processes" in result.stderr
 
 
-def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, tmp_path):
-    common = ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", *TINY, "epochs=10", "eval_interval=5"]
-    straight = torchrun("pretrain.py", *common, f"checkpoint_path={tmp_path / 'straight'}")
-    assert straight.returncode == 0, straight.stderr
-
+def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, two_processes, tmp_path):
     # A scheduler's SIGTERM to the job's process group (torchrun and both workers) during step 5.
     env = child_env(HRM_DIST_TIMEOUT_MIN="1", **signal_at("train", 5, "SIGTERM", group=True))
     stopped_dir = tmp_path / "stopped"
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend",
-                             "c10d", "--rdzv-endpoint", "localhost:0", "pretrain.py", *common,
+                             "c10d", "--rdzv-endpoint", "localhost:0", "pretrain.py", *common(sudoku_dir),
                              f"checkpoint_path={stopped_dir}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     out, _ = proc.communicate(timeout=300)
@@ -111,9 +119,9 @@ def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, tmp_path):
     assert not torch.equal(saved["ranks"][0]["carry"]["current_data"]["inputs"],
                            saved["ranks"][1]["carry"]["current_data"]["inputs"])  # each rank's own rows
 
-    resumed = torchrun("pretrain.py", *common, f"checkpoint_path={stopped_dir}", "resume=auto")
+    resumed = torchrun("pretrain.py", *common(sudoku_dir), f"checkpoint_path={stopped_dir}", "resume=auto")
     assert resumed.returncode == 0, resumed.stderr
-    a, b = safe_load(tmp_path / "straight" / "step_20.pt"), safe_load(stopped_dir / "step_20.pt")
+    a, b = safe_load(two_processes[0] / "step_16.pt"), safe_load(stopped_dir / "step_16.pt")
     for key, value in a["model"].items():
         assert torch.equal(value, b["model"][key]), f"weights differ at {key}"
 
