@@ -1,6 +1,8 @@
 """Every command of README.md and docs/*.md runs (issue 51), on a fresh copy of the repository: its tracked and
 unignored files, without data/ or checkpoints/, as a newcomer's clone has them. Each page's fenced ``bash`` commands
-run in the page's order in one copy, so a command finds what the commands above it made (a dataset, a run).
+run in the page's order in one copy, so a command finds what the commands above it made (a dataset, a run). A command
+that several pages give with the same inputs runs once in the session; the later pages get the files it wrote
+(:class:`Replays`).
 
 A command runs as written, or in a smoke form that only adds to it (:func:`smoke`), on the CPU:
 
@@ -19,7 +21,10 @@ Python programs run in this process (``runpy``, as ``python X.py`` would), shell
 
 from __future__ import annotations
 
+import fcntl
+import fnmatch
 import glob
+import hashlib
 import http.client
 import json
 import os
@@ -31,9 +36,10 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import pytest
 
@@ -191,7 +197,7 @@ def smoke(target: str, args: list[str]) -> list[str]:
     if target == "scripts/reproduce.py" and _flag(args, "--dry-run") and not _flag(args, "--timed-steps"):
         return ["--timed-steps", "1"]
     if target == "solve.py" and _flag(args, "--arc"):
-        return TINY_FLAGS[target] + ["--adapt-steps", "2", "--num-aug", "2"]
+        return TINY_FLAGS[target] + ["--adapt-steps", "2", "--adapt-batch-size", "4", "--num-aug", "2"]
     if target == "solve.py" and not any(_flag(args, f) for f in ("--budget", "--rollouts", "--views", "--serve")):
         return TINY_FLAGS[target] + ["--budget", "1"]  # the default 6 s spent on a smoke model's answer
     return TINY_FLAGS.get(target, [])
@@ -301,19 +307,137 @@ def command_env(env: dict[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in env.items()]
 
 
+# ---- a command repeated across pages runs once ----------------------------------------------------------------------
+
+Snapshot = dict[str, tuple[int, int]]  # relative path -> (size, mtime_ns) of each file of a copy
+
+
+def snapshot(copy: Path) -> Snapshot:
+    """The files of ``copy`` (Python's byte-code caches left out), each with its size and modification time."""
+    found = {}
+    for path in copy.rglob("*"):
+        if path.is_file() and "__pycache__" not in path.parts:
+            stat = path.stat()
+            found[path.relative_to(copy).as_posix()] = (stat.st_size, stat.st_mtime_ns)
+    return found
+
+
+def named_paths(command: str) -> list[str]:
+    """The paths a command may read, as patterns of their first two levels: every path its words name (``key=value``
+    and ``[a,b]`` included), and for ``pretrain.py`` its recipe's datasets and their runs (``checkpoints/NAME``)."""
+    words = shlex.split(command)
+    tokens = [t for w in words for t in re.split(r"[=\[\],]", w) if t]
+    target, args = program(words)
+    if target == "pretrain.py":
+        name, overrides = recipe_of(args)
+        cfg = recipe_config(name, overrides)
+        data = list(cfg.data_paths or [cfg.data_path])
+        tokens += data + [f"checkpoints/{cfg.project_name or Path(d).name}" for d in data]
+    return sorted({"/".join(Path(t).parts[:2]) for t in tokens})
+
+
+@dataclass
+class Page:
+    """One page's copy, and which command made each path it holds now (to three levels: ``data/NAME/train``,
+    ``checkpoints/NAME/RUN``)."""
+
+    name: str
+    copy: Path
+    made: dict[str, str] = field(default_factory=dict)
+
+    def inputs(self, command: str) -> list[tuple[str, str]]:
+        """What ``command`` may read here that a command above made (:func:`named_paths`), with who made it."""
+        patterns = named_paths(command)
+        return sorted((path, maker) for path, maker in self.made.items()
+                      if any(fnmatch.fnmatchcase("/".join(path.split("/")[:2]), p) for p in patterns))
+
+    def note_made(self, command: str, paths: list[str]) -> None:
+        for path in paths:
+            self.made.setdefault("/".join(path.split("/")[:3]), command)
+
+
+class Replays:
+    """What each documented command did to its copy, kept for the session in ``store`` (one folder that every
+    pytest-xdist worker shares), so a command that several pages give, with the same inputs (what it may read that
+    commands above made, and which commands made it: :meth:`Page.inputs`), runs once: the later pages get the files
+    it wrote, copied in, and the summary says where it ran. A command that failed is not kept: each page that gives
+    it runs it again."""
+
+    def __init__(self, store: Path):
+        self.store = store
+        store.mkdir(parents=True, exist_ok=True)
+
+    @contextmanager
+    def entry(self, command: str, page: Page) -> Iterator[Path]:
+        """The folder of ``command`` with ``page``'s inputs, held (a file lock) while the block runs or replays it."""
+        key = hashlib.sha256(json.dumps([command, page.inputs(command)]).encode()).hexdigest()[:24]
+        with open(self.store / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a page on another worker running the same command: wait for it
+            yield self.store / key
+
+    @staticmethod
+    def replay(entry: Path, copy: Path) -> tuple[list[str], dict]:
+        """Copy the files ``entry`` kept into ``copy``, remove those the command removed; (paths written, record)."""
+        record = json.loads((entry / "record.json").read_text())
+        for name in record["written"]:
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(entry / "files" / name, copy / name)
+        for name in record["removed"]:
+            (copy / name).unlink(missing_ok=True)
+        return record["written"], record
+
+    @staticmethod
+    def keep(entry: Path, copy: Path, before: Snapshot, record: dict) -> list[str]:
+        """Keep what the command did to ``copy`` (the files it wrote and removed since ``before``); the paths written."""
+        after = snapshot(copy)
+        entry.mkdir()
+        written = sorted(name for name, stamp in after.items() if before.get(name) != stamp)
+        for name in written:
+            (entry / "files" / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(copy / name, entry / "files" / name)
+        record = {**record, "written": written, "removed": sorted(set(before) - set(after))}
+        (entry / "record.json").write_text(json.dumps(record))
+        return written
+
+
+@pytest.fixture(scope="session")
+def replays(tmp_path_factory) -> Replays:
+    """The session's :class:`Replays`: beside the workers' own temporary folders under pytest-xdist (named by its
+    run id, which every worker of one session shares), else in the session's."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    base = tmp_path_factory.getbasetemp()
+    return Replays(base.parent / f"documented-{run}" if run else base / "documented")
+
+
+def run_once(command: str, page: Page, replays: Replays, capfd, tiny_cape: Path) -> tuple[str, str]:
+    """:func:`run_command`, or the files its earlier run with the same inputs (on another page) wrote."""
+    if cannot(shlex.split(command), page.copy) is not None:
+        return run_command(command, page.copy, capfd, tiny_cape)
+    with replays.entry(command, page) as entry:
+        if (entry / "record.json").exists():
+            written, record = replays.replay(entry, page.copy)
+            note = f"{record['note']} ({record['seconds']:.0f} s, in {record['page']}; replayed here)"
+        else:
+            before, started = snapshot(page.copy), time.monotonic()
+            _, note = run_command(command, page.copy, capfd, tiny_cape)  # ran: a command that cannot is above
+            seconds = time.monotonic() - started
+            written = replays.keep(entry, page.copy, before, {"note": note, "seconds": seconds, "page": page.name})
+            note = f"{note} ({seconds:.0f} s)"  # for keeping the suite short
+    page.note_made(command, written)
+    return "ran", note
+
+
 DOCUMENTED = [(page.relative_to(ROOT).as_posix(), bash_commands(page)) for page in PAGES]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page,commands", DOCUMENTED, ids=[page for page, _ in DOCUMENTED])
-def test_every_documented_command_runs(page, commands, tmp_path, capfd, tiny_cape, record_property):
-    copy = fresh_copy(tmp_path / "repo")
+def test_every_documented_command_runs(page, commands, tmp_path, capfd, tiny_cape, replays, record_property):
+    here = Page(page, fresh_copy(tmp_path / "repo"))
     record = []
     for command in commands:
-        started = time.monotonic()
-        status, note = run_command(command, copy, capfd, tiny_cape)
-        took = f" ({time.monotonic() - started:.0f} s)" if status == "ran" else ""  # for keeping the suite short
-        record.append((status, command, note + took))
+        status, note = run_once(command, here, replays, capfd, tiny_cape)
+        record.append((status, command, note))
     record_property(RECORD, record)
 
 
