@@ -714,6 +714,7 @@ class PageServer(ThreadingHTTPServer):
         self._count = threading.Lock()
         self._answering: set[threading.Thread] = set()  # handlers between a request and its answer
         self._answered = threading.Condition()
+        self._interrupted: Optional[BaseException] = None  # see service_actions
         super().__init__(address, Handler)
         bound, port = self.server_address[:2]
         self.access = access_for(host, bound, port)
@@ -735,8 +736,18 @@ class PageServer(ThreadingHTTPServer):
         except Exception:  # its thread did not start
             self._leave(who)
             raise
-        # Ctrl-C or SIGTERM while start() waits for the thread passes through untouched: the thread runs and leaves
-        # itself, and serve() must see the interrupt (caught here, it became a KeyError and the server served on).
+        except BaseException as interrupt:  # Ctrl-C or SIGTERM while start() waits for the thread
+            # The thread runs: it answers, closes its connection and counts it off itself. Raised from here, the
+            # interrupt would make socketserver close the connection under it (the client got no answer, not even
+            # the 503 of a cancelled solve), so serve_forever raises it next, from service_actions.
+            self._interrupted = interrupt
+
+    def service_actions(self) -> None:
+        """Raise the interrupt that landed while a connection's thread started (:meth:`process_request`), so that
+        it reaches serve() once socketserver is done with that connection."""
+        interrupt, self._interrupted = self._interrupted, None
+        if interrupt is not None:
+            raise interrupt
 
     def _busy(self, who: str) -> Optional[str]:
         """Why a new connection from ``who`` is not served now (the caller holds the count's lock); None: it is."""
