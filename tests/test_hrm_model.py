@@ -186,15 +186,21 @@ def test_softmax_cross_entropy_ignores_label():
     assert torch.isclose(out[0, 0], -logits[0, 0].log_softmax(-1)[0])
 
 
+def evaluate_segments(head: ACTLossHead, batch: dict, halt_max_steps: int):
+    """Run an eval-mode head segment by segment, checking that every row halts at the last segment and none before;
+    the final carry and metrics."""
+    carry = head.initial_carry(batch)
+    with torch.no_grad():
+        for segment in range(1, halt_max_steps + 1):
+            carry, _, metrics, _, all_halted = head(carry, batch)
+            assert bool(all_halted) == (segment == halt_max_steps)
+    return carry, metrics
+
+
 def test_eval_runs_exactly_halt_max_steps_segments():
     cfg = tiny_config()
     head = ACTLossHead(HierarchicalReasoningModel_ACTV1(cfg)).eval()
-    batch = tiny_batch(cfg)
-    carry = head.initial_carry(batch)
-    with torch.no_grad():
-        for segment in range(1, cfg["halt_max_steps"] + 1):
-            carry, _, metrics, _, all_halted = head(carry, batch)
-            assert bool(all_halted) == (segment == cfg["halt_max_steps"])
+    carry, metrics = evaluate_segments(head, tiny_batch(cfg), cfg["halt_max_steps"])
     assert torch.all(carry.steps == cfg["halt_max_steps"])
     assert metrics["count"] == cfg["batch_size"] and metrics["steps"] == cfg["batch_size"] * cfg["halt_max_steps"]
 

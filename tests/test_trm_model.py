@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from models.checkpoints import strip_reference_prefix
 from models.losses import ACTLossHead
 from models.trm.trm_act_v1 import TinyRecursiveReasoningModel_ACTV1
-from tests.test_hrm_model import tiny_batch
+from tests.test_hrm_model import evaluate_segments, tiny_batch
 from utils.config import merge_layers, recipe_layers
 
 # The README's Sudoku-Extreme recipes (batch 768 is the global batch; 8 keeps construction cheap).
@@ -366,12 +366,7 @@ def test_evaluation_always_runs_halt_max_steps_segments():
     cfg = tiny_config()
     # q_halt = 3 > 0 would halt every row at once in training.
     head = ACTLossHead(_with_q_bias(TinyRecursiveReasoningModel_ACTV1(cfg), 3.0, -3.0)).eval()
-    batch = tiny_batch(cfg)
-    carry = head.initial_carry(batch)
-    with torch.no_grad():
-        for segment in range(1, cfg["halt_max_steps"] + 1):
-            carry, _, metrics, _, all_halted = head(carry, batch)
-            assert bool(all_halted) == (segment == cfg["halt_max_steps"])
+    _, metrics = evaluate_segments(head, tiny_batch(cfg), cfg["halt_max_steps"])
     assert metrics["count"] == 4 and metrics["steps"] == 4 * cfg["halt_max_steps"]
 
 
