@@ -46,11 +46,19 @@ def bash_commands(page: Path) -> list[str]:
     return [" ".join(shlex.quote(w) for w in w_) for w_ in words if w_]
 
 
+def split_env(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    """A command's ``VAR=value`` prefixes (the environment it sets) and the words after them."""
+    env = {}
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
+        key, value = words[0].split("=", 1)
+        env[key], words = value, words[1:]
+    return env, words
+
+
 def program(words: list[str]) -> tuple[str, list[str]]:
     """``(what runs, its arguments)`` of a command's words: ``VAR=value`` prefixes and torchrun's own options
     skipped; ``what`` is a script path, ``-m module``, ``./START_CAPE_TRAINING.sh`` or another program's name."""
-    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
-        words = words[1:]
+    _, words = split_env(words)
     if words[0] == "torchrun":
         rest = words[1:]
         while rest and rest[0].startswith("-") and rest[0] != "-m":

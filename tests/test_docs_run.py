@@ -36,7 +36,8 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from collections import Counter
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Optional
@@ -44,7 +45,7 @@ from typing import Callable, Iterator, Optional
 import pytest
 
 from tests.conftest import child_env
-from tests.test_docs_commands import PAGES, ROOT, bash_commands, program
+from tests.test_docs_commands import PAGES, ROOT, bash_commands, program, split_env
 from utils.config import CONFIG_DIR, recipe_config
 
 RECORD = "documented commands"  # the user property the terminal summary prints
@@ -262,17 +263,10 @@ def expand(args: list[str], copy: Path) -> list[str]:
     return out
 
 
-def run_command(command: str, copy: Path, capfd, tiny_cape: Path) -> tuple[str, str]:
-    """Run one documented command in ``copy`` (as written, or its smoke form); ``("ran", what)`` or
-    ``("cannot", why)``; fails the test when it does not end with exit code 0."""
-    words = shlex.split(command)
-    unable = cannot(words, copy)
-    if unable is not None:
-        return "cannot", f"{unable.reason}; nearest that runs: {unable.nearest}"
-    env = {}
-    while re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
-        key, value = words.pop(0).split("=", 1)
-        env[key] = value
+def run_command(command: str, copy: Path, capfd, tiny_cape: Path) -> str:
+    """Run one documented command that can run here in ``copy`` (as written, or its smoke form); what was added to
+    it. Fails the test when it does not end with exit code 0."""
+    env, words = split_env(shlex.split(command))
     target, args = program(words)
     added = smoke(target, args)
     if words[0] == "torchrun":
@@ -293,7 +287,7 @@ def run_command(command: str, copy: Path, capfd, tiny_cape: Path) -> tuple[str, 
         out = captured.out + captured.err
     assert code == 0 or (code == 1 and target == "solve.py" and not all_consistent(out)), \
         f"{command}\n  (added: {' '.join(added)}) exited {code}:\n{out[-4000:]}"
-    return "ran", " ".join(added) or "as written"
+    return " ".join(added) or "as written"
 
 
 def all_consistent(printed: str) -> bool:
@@ -387,17 +381,19 @@ class Replays:
         return record["written"], record
 
     @staticmethod
-    def keep(entry: Path, copy: Path, before: Snapshot, record: dict) -> list[str]:
-        """Keep what the command did to ``copy`` (the files it wrote and removed since ``before``); the paths written."""
-        after = snapshot(copy)
+    def keep(entry: Path, copy: Path, written: list[str], removed: list[str], record: dict) -> None:
+        """Keep what the command did to ``copy``: the files it ``written`` (copied), those it ``removed``, and
+        ``record``."""
         entry.mkdir()
-        written = sorted(name for name, stamp in after.items() if before.get(name) != stamp)
         for name in written:
             (entry / "files" / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(copy / name, entry / "files" / name)
-        record = {**record, "written": written, "removed": sorted(set(before) - set(after))}
-        (entry / "record.json").write_text(json.dumps(record))
-        return written
+        (entry / "record.json").write_text(json.dumps({**record, "written": written, "removed": removed}))
+
+
+def changes(before: Snapshot, after: Snapshot) -> tuple[list[str], list[str]]:
+    """The files written (new or changed) and removed between two snapshots of a copy."""
+    return sorted(name for name, stamp in after.items() if before.get(name) != stamp), sorted(set(before) - set(after))
 
 
 @pytest.fixture(scope="session")
@@ -410,24 +406,30 @@ def replays(tmp_path_factory) -> Replays:
 
 
 def run_once(command: str, page: Page, replays: Replays, capfd, tiny_cape: Path) -> tuple[str, str]:
-    """:func:`run_command`, or the files its earlier run with the same inputs (on another page) wrote."""
-    if cannot(shlex.split(command), page.copy) is not None:
-        return run_command(command, page.copy, capfd, tiny_cape)
-    with replays.entry(command, page) as entry:
-        if (entry / "record.json").exists():
+    """``("cannot", why)``, or ``("ran", what was added)`` after :func:`run_command` or, for a command of
+    :data:`REPEATED`, after copying in the files its earlier run with the same inputs (on another page) wrote."""
+    unable = cannot(shlex.split(command), page.copy)
+    if unable is not None:
+        return "cannot", f"{unable.reason}; nearest that runs: {unable.nearest}"
+    with replays.entry(command, page) if command in REPEATED else nullcontext() as entry:
+        if entry is not None and (entry / "record.json").exists():
             written, record = replays.replay(entry, page.copy)
             note = f"{record['note']} ({record['seconds']:.0f} s, in {record['page']}; replayed here)"
         else:
             before, started = snapshot(page.copy), time.monotonic()
-            _, note = run_command(command, page.copy, capfd, tiny_cape)  # ran: a command that cannot is above
+            note = run_command(command, page.copy, capfd, tiny_cape)
             seconds = time.monotonic() - started
-            written = replays.keep(entry, page.copy, before, {"note": note, "seconds": seconds, "page": page.name})
+            written, removed = changes(before, snapshot(page.copy))
+            if entry is not None:
+                replays.keep(entry, page.copy, written, removed, {"note": note, "seconds": seconds, "page": page.name})
             note = f"{note} ({seconds:.0f} s)"  # for keeping the suite short
-    page.note_made(command, written)
+    page.note_made(command, written)  # what later commands may read, for their replays' keys
     return "ran", note
 
 
 DOCUMENTED = [(page.relative_to(ROOT).as_posix(), bash_commands(page)) for page in PAGES]
+# The commands that more than one page gives: only their runs are kept for replaying.
+REPEATED = {c for c, n in Counter(c for _, commands in DOCUMENTED for c in set(commands)).items() if n > 1}
 
 
 @pytest.mark.slow
