@@ -573,30 +573,37 @@ def test_campaign5_p23_the_pages_defaults_over_a_models_budget_are_refused_at_st
     assert not (tmp_path / "o").exists()
 
 
+def serve_until_ctrl_c_in_start(page: PageServer, monkeypatch, before_ctrl_c) -> socket.socket:
+    """Ask ``page`` for its models, and serve until Ctrl-C lands in the ``Thread.start`` of that connection's
+    handler, after ``before_ctrl_c(thread)`` (the handler's request-deadline timer starts as usual); the client's
+    socket, its answer unread."""
+    real_start = threading.Thread.start
+
+    def start_then_ctrl_c(thread):
+        real_start(thread)
+        if isinstance(thread, threading.Timer):
+            return
+        before_ctrl_c(thread)
+        raise KeyboardInterrupt
+
+    client = socket.create_connection(page.server_address[:2], timeout=60)
+    client.sendall(f"GET /api/models HTTP/1.0\r\nHost: localhost:{page.server_address[1]}\r\n\r\n".encode())
+    monkeypatch.setattr(threading.Thread, "start", start_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        page.serve_forever(poll_interval=0.05)
+    return client
+
+
 def test_ctrl_c_while_a_connections_thread_starts_reaches_serve_and_the_counts_settle(shipped, monkeypatch):
     """Ctrl-C landing while ``Thread.start`` waits for the new handler thread, which has already answered and left
     (seen 1 run in 5 on a busy 2-core VM): the interrupt must reach the caller. It used to count the connection off
     a second time, and the KeyError that followed was swallowed by socketserver: the page served on after Ctrl-C."""
     page = PageServer(shipped.solver, "127.0.0.1", 0)
-    real_start = threading.Thread.start
-
-    def start_answer_then_ctrl_c(thread):
-        real_start(thread)
-        if isinstance(thread, threading.Timer):  # the handler's own request deadline starts as usual
-            return
-        thread.join(60)
-        raise KeyboardInterrupt
-
-    client = socket.create_connection(page.server_address[:2], timeout=60)
-    client.sendall(f"GET /api/models HTTP/1.0\r\nHost: localhost:{page.server_address[1]}\r\n\r\n".encode())
-    monkeypatch.setattr(threading.Thread, "start", start_answer_then_ctrl_c)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            page.serve_forever(poll_interval=0.05)
-        assert client.makefile("rb").read().startswith(b"HTTP/1.0 200")
+        with serve_until_ctrl_c_in_start(page, monkeypatch, lambda thread: thread.join(60)) as client:
+            assert client.makefile("rb").read().startswith(b"HTTP/1.0 200")
         assert page.open_connections == 0
     finally:
-        client.close()
         page.server_close()
 
 
@@ -607,31 +614,22 @@ def test_ctrl_c_while_a_connections_thread_starts_leaves_its_connection_to_the_h
     the client of a cancelled solve got no 503 (test_campaign4_p06 failed 3 runs in 20 beside three busy loops)."""
     page = PageServer(shipped.solver, "127.0.0.1", 0)
     answering, release = threading.Event(), threading.Event()
-    real_start, real_get = threading.Thread.start, server_module.Handler._get
+    real_get = server_module.Handler._get
 
     def held_get(handler):
         answering.set()
         release.wait(60)
         real_get(handler)
 
-    def start_then_ctrl_c(thread):
-        real_start(thread)
-        if isinstance(thread, threading.Timer):  # the handler's own request deadline starts as usual
-            return
+    def handler_answering(thread):
         assert answering.wait(60)
-        raise KeyboardInterrupt
 
-    client = socket.create_connection(page.server_address[:2], timeout=60)
-    client.sendall(f"GET /api/models HTTP/1.0\r\nHost: localhost:{page.server_address[1]}\r\n\r\n".encode())
     monkeypatch.setattr(server_module.Handler, "_get", held_get)
-    monkeypatch.setattr(threading.Thread, "start", start_then_ctrl_c)
     try:
-        with pytest.raises(KeyboardInterrupt):
-            page.serve_forever(poll_interval=0.05)
-        release.set()
-        assert client.makefile("rb").read().startswith(b"HTTP/1.0 200")  # was b"": closed unanswered
+        with serve_until_ctrl_c_in_start(page, monkeypatch, handler_answering) as client:
+            release.set()
+            assert client.makefile("rb").read().startswith(b"HTTP/1.0 200")  # was b"": closed unanswered
         until(lambda: page.open_connections == 0, "the handler counts its connection off")
     finally:
         release.set()
-        client.close()
         page.server_close()
