@@ -196,7 +196,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--grid", action="store_true",
                         help="the whole --segments x --rollouts grid from one set of passes, model-only and checked")
-    parser.add_argument("--max-examples", type=positive, help="stop after about this many puzzles (whole batches of --batch-size)")
+    parser.add_argument("--max-examples", type=positive,
+                        help="stop after about this many puzzles (whole batches of --batch-size)")
     parser.add_argument("--picture", help="--grid: also draw accuracy against test-time compute into this PNG")
     args = parser.parse_args(argv)
     for flag in ("json", "picture"):

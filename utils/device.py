@@ -220,7 +220,7 @@ def configure_backends(device: torch.device, cudnn_benchmark: bool = True, deter
     newer ``fp32_precision`` attributes raises on torch >= 2.9.
 
     ``compiling``: whether this process will ``torch.compile``. ``torch.use_deterministic_algorithms`` also sets
-    inductor's ``deterministic``, and imports the compiler to do so (about 3 s on a 2-core CPU, in every process);
+    inductor's ``deterministic``, and imports the compiler to do so (about 2 s on a 2-core CPU, in every process);
     a run that does not compile sets torch's own flag alone, unless the compiler is loaded already.
     """
     if deterministic:
