@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests import signal_hook
+from tests.warm_trainer import WarmTrainer
 from utils.data.sudoku import build_dataset
 
 signal_hook.install()  # for the trainers the tests run in this process
@@ -105,3 +106,18 @@ def terminate_this_process() -> None:
     SIGTERM's default action it would end the test session rather than fail the test)."""
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL, "SIGTERM is not handled: it would end the process"
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.fixture(scope="session")
+def warm_pretrain():
+    """Runs of pretrain.py as forks of one warm interpreter (tests/warm_trainer.py), in :func:`child_env`: for the
+    crash and resume tests, whose point is the files a run leaves, not how a process starts."""
+    with WarmTrainer("pretrain", child_env()) as warm:
+        yield warm
+
+
+@pytest.fixture(scope="session")
+def warm_cape():
+    """As :func:`warm_pretrain`, for ``python -m models.train_cape_episodic``."""
+    with WarmTrainer("models.train_cape_episodic", child_env()) as warm:
+        yield warm

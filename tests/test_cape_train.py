@@ -216,12 +216,10 @@ def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, data_root, tmp_pat
     assert calls == [(False, {"deterministic": True, "warn_only": True, "compiling": False})]
 
 
-def spawn(data_root, out, *extra, epochs=2, env=None):
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", str(epochs),
-                          "--episodes_per_epoch", "4", "--no-use_amp", "--cudnn_deterministic",
-                          "--keep_last_checkpoints", "0", *extra]
-    return subprocess.Popen([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=ROOT,
-                            env=child_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def flags(data_root, out, *extra, epochs=2) -> list[str]:
+    return TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", str(epochs),
+                         "--episodes_per_epoch", "4", "--no-use_amp", "--cudnn_deterministic",
+                         "--keep_last_checkpoints", "0", *extra]
 
 
 def assert_same_state(a: Path, b: Path) -> None:
@@ -235,27 +233,29 @@ def assert_same_state(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(data_root, tmp_path):
-    straight = spawn(data_root, tmp_path / "straight")
-    assert straight.wait(timeout=300) == 0, straight.stdout.read()
+def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(data_root, tmp_path, warm_cape):
+    """Each run a fork of one warm interpreter (tests/warm_trainer.py); the signals come from the tests' hook."""
+    def run(out, *extra, **env):
+        return warm_cape.run(flags(data_root, tmp_path / out, *extra), **env)
+
+    straight = run("straight")
+    assert straight.returncode == 0, straight.stderr
 
     # SIGINT in the middle of epoch 2 (during step 6 of 8): a mid-epoch checkpoint, then a resume.
-    stopped = spawn(data_root, tmp_path / "stopped", env=signal_at("train", 6, "SIGINT"))
-    out, _ = stopped.communicate(timeout=120)
-    assert stopped.returncode == 128 + signal.SIGINT and "resume with:" in out, out
+    stopped = run("stopped", **signal_at("train", 6, "SIGINT"))
+    assert stopped.returncode == 128 + signal.SIGINT and "resume with:" in stopped.stderr, stopped.stderr
     assert sorted(p.name for p in (tmp_path / "stopped").glob("step_*.pt")) == ["step_4.pt", "step_6.pt"]
     assert safe_load(tmp_path / "stopped" / "step_6.pt")["position"]["episode"] > 0
 
     # kill -9 in epoch 2: the resume replays it from the checkpoint of epoch 1.
-    killed = spawn(data_root, tmp_path / "killed", env=signal_at("train", 7, "SIGKILL"))
-    assert killed.wait(timeout=300) == -signal.SIGKILL
+    killed = run("killed", **signal_at("train", 7, "SIGKILL"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert [p.name for p in (tmp_path / "killed").glob("step_*.pt")] == ["step_4.pt"]
 
-    for run in ("stopped", "killed"):
-        resumed = spawn(data_root, tmp_path / run, "--resume", "auto")
-        out, _ = resumed.communicate(timeout=300)
-        assert resumed.returncode == 0 and "resumed from" in out, out
-        assert_same_state(tmp_path / "straight" / "step_8.pt", tmp_path / run / "step_8.pt")
+    for out in ("stopped", "killed"):
+        resumed = run(out, "--resume", "auto")
+        assert resumed.returncode == 0 and "resumed from" in resumed.stdout + resumed.stderr, resumed.stderr
+        assert_same_state(tmp_path / "straight" / "step_8.pt", tmp_path / out / "step_8.pt")
 
 
 def test_ranks_partition_the_single_process_episode_stream(data_root):

@@ -24,15 +24,12 @@ TIMING = {"train/examples_per_s", "train/elapsed_s", "eval/elapsed_s"}
 # Three evaluations (steps 8, 16, 24) with a checkpoint after each; one kept, so the step-16 write prunes step_8.pt.
 RUN = [*TINY, "epochs=6", "eval_interval=2", "keep_last_checkpoints=1", "log_interval=3"]
 
-# A child process that runs pretrain.py and dies like kill -9 (os._exit: no cleanup of any kind) at one point of
-# the sequence that writes step_16.pt.
+# Patches that make a run die like kill -9 (os._exit: no cleanup of any kind) at one point of the sequence that
+# writes step_16.pt.
 CRASH = r"""
-import os, sys
-sys.path.insert(0, {root!r})
-import pathlib, torch
-import pretrain
+import os, pathlib, torch
 from utils.run import run_dir
-point, target = sys.argv[1], "step_16.pt"
+point, target = {point!r}, "step_16.pt"
 die = lambda: os._exit(137)
 real_manifest, real_save, real_replace, real_unlink = (run_dir.RunDirectory.write_manifest, torch.save, os.replace,
                                                        pathlib.Path.unlink)
@@ -65,7 +62,6 @@ def unlink(self, *a, **kw):
     return real_unlink(self, *a, **kw)
 
 run_dir.RunDirectory.write_manifest, torch.save, os.replace, pathlib.Path.unlink = write_manifest, save, replace, unlink
-sys.exit(pretrain.main(sys.argv[2:]))
 """
 
 
@@ -78,31 +74,28 @@ def points(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
 
 
-def child(*args) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="module")
-def straight(sudoku_dir, tmp_path_factory):
+def straight(sudoku_dir, tmp_path_factory, warm_pretrain):
     run = tmp_path_factory.mktemp("straight") / "run"
-    done = child("pretrain.py", *argv(sudoku_dir, run))
+    done = warm_pretrain.run(argv(sudoku_dir, run))
     assert done.returncode == 0, done.stderr
     return run
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["record", "write", "rename", "commit", "prune"])
-def test_a_kill_at_any_step_of_the_checkpoint_sequence_resumes_bitwise(sudoku_dir, tmp_path, straight, point):
+def test_a_kill_at_any_step_of_the_checkpoint_sequence_resumes_bitwise(sudoku_dir, tmp_path, warm_pretrain, straight,
+                                                                       point):
+    """Each run a fork of one warm interpreter (tests/warm_trainer.py): a process that may die as kill -9 does."""
     run = tmp_path / "run"
     run.mkdir()
     notes, stray = run / ".notes.backup1.tmp", run / "step_999.pt"
     notes.write_text("keep")  # a user's file named like a temporary file
-    crashed = child("-c", CRASH.format(root=str(ROOT)), point, *argv(sudoku_dir, run))
+    crashed = warm_pretrain.run(argv(sudoku_dir, run), prelude=CRASH.format(point=point))
     assert crashed.returncode == 137, crashed.stderr
     stray.write_bytes(b"someone else's")  # a file that looks like a checkpoint, written between the two runs
 
-    resumed = child("pretrain.py", *argv(sudoku_dir, run, "resume=auto"))
+    resumed = warm_pretrain.run(argv(sudoku_dir, run, "resume=auto"))
     assert resumed.returncode == 0, resumed.stderr
     resumed_from = "step_16.pt" if point in ("rename", "commit", "prune") else "step_8.pt"
     assert f"resumed from {run / resumed_from}" in resumed.stderr

@@ -4,9 +4,6 @@ several datasets, and ARC runs scored by the voting evaluator with saved outputs
 import json
 import logging
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +13,7 @@ import evaluate
 import pretrain
 from models import build_model, validate_arch
 from models.checkpoints import reference_state_dict, strip_reference_prefix
-from tests.conftest import child_env, make_sudoku, signal_at
+from tests.conftest import make_sudoku, signal_at
 from utils.config import ConfigError
 from utils.data.arc import build_arc_dataset
 from utils.data.puzzle_dataset import PuzzleDataset
@@ -24,7 +21,6 @@ from utils.distributed import Dist
 from utils.train import puzzle_trainer
 from utils.checkpoint import safe_load
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY_TRM = ["arch=trm", "compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.L_layers=1",
             "arch.H_cycles=2",
             "arch.L_cycles=2", "arch.halt_max_steps=2", "arch.expansion=2", "arch.puzzle_emb_len=1",
@@ -60,21 +56,18 @@ def test_trm_trains_with_ema_and_evaluate_reads_the_ema_weights(sudoku_dir, tmp_
 
 
 @pytest.mark.slow
-def test_kill_9_then_resume_with_ema_is_bitwise(sudoku_dir, tmp_path):
-    def spawn(run, *extra, **env):
-        return subprocess.Popen([sys.executable, "pretrain.py", *trm(sudoku_dir, run, "ema=true", "ema_rate=0.9",
-                                                                      "deterministic=true", *extra)],
-                                cwd=ROOT, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+def test_kill_9_then_resume_with_ema_is_bitwise(sudoku_dir, tmp_path, warm_pretrain):
+    """Each run a fork of one warm interpreter (tests/warm_trainer.py), killed by the signal a kill -9 sends."""
+    def run(path, *extra, **env):
+        return warm_pretrain.run(trm(sudoku_dir, path, "ema=true", "ema_rate=0.9", "deterministic=true", *extra), **env)
 
-    straight = spawn(tmp_path / "straight")
-    killed = spawn(tmp_path / "killed", **signal_at("train", 11, "SIGKILL"))
-    assert killed.wait(timeout=600) == -signal.SIGKILL, killed.stdout.read()
+    straight = run(tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    killed = run(tmp_path / "killed", **signal_at("train", 11, "SIGKILL"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert sorted(p.name for p in (tmp_path / "killed").glob("step_*.pt")) == ["step_8.pt"]  # killed in step 11
-    assert straight.wait(timeout=600) == 0, straight.stdout.read()
-    resumed = spawn(tmp_path / "killed", "resume=auto")
-    out, _ = resumed.communicate(timeout=600)
-    assert resumed.returncode == 0 and "resumed from" in out, out
+    resumed = run(tmp_path / "killed", "resume=auto")
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr
     a, b = safe_load(tmp_path / "straight" / "step_16.pt"), safe_load(tmp_path / "killed" / "step_16.pt")
     for part in ("model", "live_model", "ema"):
         for key, value in a[part].items():

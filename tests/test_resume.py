@@ -54,17 +54,17 @@ def assert_same_training_state(a: Path, b: Path) -> None:
             assert torch.equal(sa[i][k], sb[i][k]), f"optimizer state {i}.{k} differs"
 
 
-def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path):
-    straight = spawn(args(sudoku_dir, tmp_path / "straight"))
-    killed = spawn(args(sudoku_dir, tmp_path / "killed"), **signal_at("train", 12, "SIGKILL"))
-    assert killed.wait(timeout=300) == -signal.SIGKILL, killed.stdout.read()
+def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path, warm_pretrain):
+    """Each run a fork of one warm interpreter (tests/warm_trainer.py), killed by the signal a kill -9 sends."""
+    straight = warm_pretrain.run(args(sudoku_dir, tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr
+    killed = warm_pretrain.run(args(sudoku_dir, tmp_path / "killed"), **signal_at("train", 12, "SIGKILL"))
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     assert train_steps(tmp_path / "killed")[-1] == 10  # killed in step 12 (points every 2 steps): not before, not after
-    assert straight.wait(timeout=300) == 0, straight.stdout.read()
 
-    resumed = spawn(args(sudoku_dir, tmp_path / "killed", "resume=auto"))
-    out, _ = resumed.communicate(timeout=300)
-    assert resumed.returncode == 0, out
-    assert "resumed from" in out and "step_8.pt" in out
+    resumed = warm_pretrain.run(args(sudoku_dir, tmp_path / "killed", "resume=auto"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stderr and "step_8.pt" in resumed.stderr
     assert_same_training_state(tmp_path / "straight" / "step_16.pt", tmp_path / "killed" / "step_16.pt")
     steps = train_steps(tmp_path / "killed")
     assert steps == sorted(set(steps))  # metrics.jsonl continues from the checkpoint, no step twice

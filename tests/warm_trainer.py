@@ -1,0 +1,116 @@
+"""A warm interpreter for tests that run a trainer many times in a row.
+
+Every ``python pretrain.py`` (or ``python -m models.train_cape_episodic``) first spends about 5 s of CPU importing
+torch, torch._dynamo (the optimizer's first call loads it) and TensorBoard before its first step; a test module that
+starts a dozen tiny runs spends most of its time there. Here one interpreter imports all that once, and each run is a
+fork of it: a process of its own, with its own stdout, stderr and exit status, which may die in any way
+(``os._exit(137)``, SIGKILL) without touching the others.
+
+Use it only where a run's files and output are the point, as in the crash and resume tests: a fork starts from an
+interpreter that has imported the trainer and run nothing, so what a run reads as it starts (its argv, the files, its
+environment) is what a fresh process would read. A test of start-up itself, of signals sent from outside, or of the
+command as a user types it, starts a real process instead.
+
+    with WarmTrainer("pretrain", child_env()) as warm:
+        done = warm.run([...argv...], prelude="...", RUN_SIGNAL_AT="train:12:SIGKILL")
+        done.returncode, done.stdout, done.stderr
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# What a run imports before its first step besides its own module, which loads its trainer lazily (so that --help
+# is quick): the trainers' modules, torch._dynamo and TensorBoard's writer.
+PRELOAD = ("utils.train.puzzle_trainer", "torch._dynamo", "torch.utils.tensorboard", "tests.signal_hook")
+
+
+def serve(module: str) -> None:
+    """The warm side: import ``module`` and :data:`PRELOAD`, then for each request line (JSON: argv, prelude, env,
+    out, err) fork a run and answer its exit status (``-N``: signal N ended it), one line each."""
+    for name in (module, *PRELOAD):
+        importlib.import_module(name)
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _run(module, request)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), flush=True)
+
+
+def _run(module: str, request: dict) -> None:
+    """In the fork: stdin from /dev/null, stdout and stderr to the request's files, its environment entries (the
+    tests' hook armed where they name ``RUN_SIGNAL_AT``, as tests/run_hook does in a fresh process), the prelude
+    (which may patch anything, as a ``python -c`` wrapper would), then ``module.main(argv)``; never returns."""
+    import logging
+    import traceback
+
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    for fd, path in ((1, request["out"]), (2, request["err"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    os.environ.update(request["env"])
+    code = 1
+    try:
+        if os.environ.get("RUN_SIGNAL_AT"):
+            importlib.import_module("tests.signal_hook").install()
+        exec(request["prelude"], {"__name__": "__prelude__"})
+        code = importlib.import_module(module).main(request["argv"])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # as an uncaught exception would: a traceback and exit status 1
+        traceback.print_exc()
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+class WarmTrainer:
+    """A warm interpreter (:func:`serve`) for ``module`` (``pretrain`` or ``models.train_cape_episodic``), started
+    with ``env`` in the repository root; its runs are its forks, one at a time. Close it (or use it as a context
+    manager) to end it."""
+
+    def __init__(self, module: str, env: dict[str, str]):
+        self._files = tempfile.TemporaryDirectory(prefix="warm_trainer_")
+        self._proc = subprocess.Popen([sys.executable, "-c", f"from tests.warm_trainer import serve; serve({module!r})"],
+                                      cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.module = module
+
+    def run(self, argv: list[str], prelude: str = "", **env: str) -> subprocess.CompletedProcess:
+        """``module.main(argv)`` in a fork, with ``env`` added to its environment and ``exec(prelude)`` first;
+        waits for it to end.
+
+        Returns:
+            its exit status as ``returncode`` (``-N`` for signal N), and its stdout and stderr as text.
+        Raises:
+            RuntimeError: the warm interpreter itself has ended.
+        """
+        out, err = (Path(self._files.name) / name for name in ("out", "err"))
+        request = {"argv": argv, "prelude": prelude, "env": env, "out": str(out), "err": str(err)}
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        answer = self._proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the warm interpreter ended with exit status {self._proc.wait()}")
+        return subprocess.CompletedProcess([self.module, *argv], int(answer), out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        """End the warm interpreter (its stdin closes, so its loop ends) and remove its files."""
+        self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+        self._files.cleanup()
+
+    def __enter__(self) -> WarmTrainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
