@@ -5,8 +5,6 @@ import logging
 import os
 import pickle
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -15,11 +13,10 @@ import evaluate
 import pretrain
 from models.losses import ACTLossHead
 from models.sparse_embedding import SparseEmbeddingSignSGD
-from tests.conftest import child_env, signal_at
+from tests.conftest import signal_at
 from utils.checkpoint import safe_load
 from utils.optimizer_utils import AdamATan2
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1",
         "arch.L_layers=1", "arch.halt_max_steps=3",
         "arch.expansion=2", "global_batch_size=16", "epochs=4", "eval_interval=2", "log_interval=2",
@@ -30,11 +27,6 @@ TINY = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2"
 
 def args(sudoku_dir, run_dir, *extra):
     return ["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", f"checkpoint_path={run_dir}", *TINY, *extra]
-
-
-def spawn(argv, **env):
-    return subprocess.Popen([sys.executable, "pretrain.py", *argv], cwd=ROOT, env=child_env(**env),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def train_steps(run: Path) -> list[int]:
@@ -70,12 +62,11 @@ def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path, warm_pret
     assert steps == sorted(set(steps))  # metrics.jsonl continues from the checkpoint, no step twice
 
 
-def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir, tmp_path):
+def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir, tmp_path, warm_pretrain):
     run = tmp_path / "run"
-    proc = spawn(args(sudoku_dir, run, "epochs=40", "eval_interval=20"), **signal_at("train", 5, "SIGINT"))
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGINT, out  # non-zero: a scheduler requeues a stopped run
-    assert "resume with: python pretrain.py" in out
+    stopped = warm_pretrain.run(args(sudoku_dir, run, "epochs=40", "eval_interval=20"), **signal_at("train", 5, "SIGINT"))
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr  # non-zero: a scheduler requeues a stopped run
+    assert "resume with: python pretrain.py" in stopped.stderr
     assert [p.name for p in run.glob("step_*.pt")] == ["step_5.pt"]  # the step it was in, finished: no more
     assert safe_load(run / "step_5.pt")["train_loader"]["batch"] > 0  # mid-iteration position
 
