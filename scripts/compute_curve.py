@@ -118,8 +118,10 @@ def compare(args) -> int:
             print(f"{label}: never reached {target:.4f} (best {max(v for _, v, _ in points):.4f} after "
                   f"{points[-1][0]:.4g} PFLOP)")
         else:
-            print(f"{label}: reached {target:.4f} at step {reached[1]} after {reached[0]:.4g} PFLOP = "
-                  f"{reached[0] / base_pflop:.2f}x the {base_label}'s training FLOPs")
+            # A baseline evaluated before any training (step 0, or a run that only evaluated) spent no FLOPs: no ratio.
+            ratio = (f" = {reached[0] / base_pflop:.2f}x the {base_label}'s training FLOPs" if base_pflop > 0 else
+                     f" (the {base_label} spent no training FLOPs: no ratio)")
+            print(f"{label}: reached {target:.4f} at step {reached[1]} after {reached[0]:.4g} PFLOP{ratio}")
     if args.picture:
         chart = line_chart({label: ([p for p, _, _ in points], [v for _, v, _ in points])
                             for label, points in curves.items()},

@@ -72,3 +72,15 @@ def test_campaign5_p03_an_existing_picture_is_replaced_only_with_a_word_and_whol
     assert f"could not write picture {picture}" in capsys.readouterr().err
     assert picture.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["base", "curve.png",
                                                                                               "other"]
+
+
+def test_a_baseline_that_spent_no_flops_is_compared_without_a_ratio(tmp_path, capsys):
+    """A baseline whose last evaluation came before any training step (0 PFLOP: a model evaluated as it was
+    loaded) used to end the comparison in a ZeroDivisionError."""
+    loaded = run_dir(tmp_path / "loaded", '{"step": 0, "eval/train_pflop": 0.0, "eval/exact_accuracy": 0.2}')
+    tuned = run_dir(tmp_path / "tuned", '{"step": 5, "eval/train_pflop": 0.01, "eval/exact_accuracy": 0.25}')
+    assert compute_curve.main(["--run", f"loaded={loaded}", "--run", f"tuned={tuned}"]) == 0
+    printed = capsys.readouterr()
+    assert "loaded: final eval/exact_accuracy 0.2000 after 0 PFLOP" in printed.out
+    assert "tuned: reached 0.2000 at step 5 after 0.01 PFLOP (the loaded spent no training FLOPs: no ratio)" in \
+        printed.out and "Traceback" not in printed.err
