@@ -21,6 +21,8 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +36,7 @@ PRELOAD = ("utils.train.puzzle_trainer", "torch._dynamo", "torch.utils.tensorboa
 
 def serve(module: str) -> None:
     """The warm side: import ``module`` and :data:`PRELOAD`, then for each request line (JSON: argv, prelude, env,
-    out, err) fork a run and answer its exit status (``-N``: signal N ended it), one line each."""
+    out, err) fork a run and answer two lines: its process id, then its exit status (``-N``: signal N ended it)."""
     for name in (module, *PRELOAD):
         importlib.import_module(name)
     for line in sys.stdin:
@@ -42,8 +44,9 @@ def serve(module: str) -> None:
         pid = os.fork()
         if pid == 0:
             _run(module, request)
+        print(pid, flush=True)  # first the run's process id (the client ends a run that outlasts its bound) ...
         _, status = os.waitpid(pid, 0)
-        print(os.waitstatus_to_exitcode(status), flush=True)
+        print(os.waitstatus_to_exitcode(status), flush=True)  # ... then how it ended
 
 
 def _run(module: str, request: dict) -> None:
@@ -82,26 +85,37 @@ class WarmTrainer:
     def __init__(self, module: str, env: dict[str, str]):
         self._files = tempfile.TemporaryDirectory(prefix="warm_trainer_")
         self._proc = subprocess.Popen([sys.executable, "-c", f"from tests.warm_trainer import serve; serve({module!r})"],
-                                      cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                      cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      bufsize=0)  # unbuffered: select() sees every answer not yet read
         self.module = module
 
-    def run(self, argv: list[str], prelude: str = "", **env: str) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], prelude: str = "", timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
         """``module.main(argv)`` in a fork, with ``env`` added to its environment and ``exec(prelude)`` first;
-        waits for it to end.
+        waits for it to end, at most ``timeout`` seconds (a bound for a hung run, as ``subprocess.run`` has).
 
         Returns:
             its exit status as ``returncode`` (``-N`` for signal N), and its stdout and stderr as text.
         Raises:
+            subprocess.TimeoutExpired: the run outlasted ``timeout`` (it is killed, the warm interpreter goes on).
             RuntimeError: the warm interpreter itself has ended.
         """
         out, err = (Path(self._files.name) / name for name in ("out", "err"))
         request = {"argv": argv, "prelude": prelude, "env": env, "out": str(out), "err": str(err)}
-        self._proc.stdin.write(json.dumps(request) + "\n")
-        self._proc.stdin.flush()
+        self._proc.stdin.write(json.dumps(request).encode() + b"\n")
+        pid = int(self._answer())
+        if not select.select([self._proc.stdout], [], [], timeout)[0]:
+            os.kill(pid, signal.SIGKILL)
+            self._answer()  # the killed run's status: the next run's answer comes clean
+            raise subprocess.TimeoutExpired([self.module, *argv], timeout, out.read_text(), err.read_text())
+        code = int(self._answer())
+        return subprocess.CompletedProcess([self.module, *argv], code, out.read_text(), err.read_text())
+
+    def _answer(self) -> str:
+        """The warm interpreter's next line (read from the unbuffered pipe byte by byte, never past its end)."""
         answer = self._proc.stdout.readline()
         if not answer:
             raise RuntimeError(f"the warm interpreter ended with exit status {self._proc.wait()}")
-        return subprocess.CompletedProcess([self.module, *argv], int(answer), out.read_text(), err.read_text())
+        return answer.decode()
 
     def close(self) -> None:
         """End the warm interpreter (its stdin closes, so its loop ends) and remove its files."""
