@@ -484,6 +484,6 @@ def test_a_run_that_does_not_compile_leaves_the_compiler_unloaded():
              "configure_backends(torch.device('cpu'), deterministic=True, compiling=False)\n"
              "assert torch.are_deterministic_algorithms_enabled()\n"
              "print('torch._inductor.config' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

@@ -64,7 +64,8 @@ def test_kill_9_then_resume_is_bitwise_identical(sudoku_dir, tmp_path, warm_pret
 
 def test_sigint_finishes_the_step_checkpoints_and_says_how_to_resume(sudoku_dir, tmp_path, warm_pretrain):
     run = tmp_path / "run"
-    stopped = warm_pretrain.run(args(sudoku_dir, run, "epochs=40", "eval_interval=20"), **signal_at("train", 5, "SIGINT"))
+    stopped = warm_pretrain.run(args(sudoku_dir, run, "epochs=40", "eval_interval=20"),
+                                **signal_at("train", 5, "SIGINT"))
     assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr  # non-zero: a scheduler requeues a stopped run
     assert "resume with: python pretrain.py" in stopped.stderr
     assert [p.name for p in run.glob("step_*.pt")] == ["step_5.pt"]  # the step it was in, finished: no more

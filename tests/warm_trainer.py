@@ -84,9 +84,9 @@ class WarmTrainer:
 
     def __init__(self, module: str, env: dict[str, str]):
         self._files = tempfile.TemporaryDirectory(prefix="warm_trainer_")
-        self._proc = subprocess.Popen([sys.executable, "-c", f"from tests.warm_trainer import serve; serve({module!r})"],
-                                      cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      bufsize=0)  # unbuffered: select() sees every answer not yet read
+        serving = f"from tests.warm_trainer import serve; serve({module!r})"
+        self._proc = subprocess.Popen([sys.executable, "-c", serving], cwd=ROOT, env=env, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, bufsize=0)  # unbuffered: select() sees every answer
         self.module = module
 
     def run(self, argv: list[str], prelude: str = "", timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
