@@ -87,6 +87,16 @@ def sudoku_dir(tmp_path_factory):
     return make_sudoku(tmp_path_factory, 64, 16)
 
 
+@pytest.fixture(scope="session")
+def cape_data(tmp_path_factory):
+    """A small synthetic MP-100 (utils/data/synthetic_cape.py: 10 categories of 20 instances, 64 px, seed 0), built
+    once a session (about 1.5 s of CPU). Read it only: a test that changes a dataset copies it first."""
+    from utils.data.synthetic_cape import build
+
+    return build(tmp_path_factory.mktemp("cape") / "synthetic_cape", num_categories=10, instances_per_category=20,
+                 image_size=64, seed=0)
+
+
 def signal_at(point: str, step: int, signal_name: str, group: bool = False) -> dict[str, str]:
     """Environment entries that make a run send itself ``signal_name`` at ``point`` of step ``step`` (to its whole
     process group with ``group``: start such a run with ``start_new_session=True``), in an environment of

@@ -5,8 +5,6 @@ every bad input is one line with exit code 2, before any work, in the user's own
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ import evaluate
 import pretrain
 import solve
 from models.cape.checkpoint import load_trained as load_cape
-from tests.conftest import child_env, signal_at
+from tests.conftest import signal_at
 from tests.test_bad_inputs import BASE, assert_one_line, exit_code
 from tests.test_cape_train import TINY_FLAGS
 from tests.test_predict_pose import args_for, setup  # noqa: F401  (setup: a fixture)
@@ -26,12 +24,9 @@ from tests.test_solve import exit_code as solve_exit_code
 from utils.data.arc import parse_grid
 from utils.data.puzzle_dataset import DatasetError
 from utils.data.saved_outputs import FILE_PATTERN, load_outputs
-from utils.data.synthetic_cape import build as build_cape
 from utils.eval import puzzle as puzzle_mod
 from utils.train import puzzle_trainer
 from utils.checkpoint import CheckpointError, safe_load
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def one_line(capsys, code: int) -> str:
@@ -95,36 +90,29 @@ def test_02_an_explicitly_named_submission_is_replaced_and_the_command_says_so(t
 
 # ---- 3-6: a stop from any sender, with DataLoader workers ---------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def cape_data(tmp_path_factory):
-    return build_cape(tmp_path_factory.mktemp("cape"), num_categories=10, instances_per_category=20, image_size=64,
-                      seed=0)
-
-
 @pytest.mark.slow
 # SIGTERM in every phase (its loaders start their own workers, which must leave a group's SIGTERM to the main process
 # yet end on the DataLoader's own); SIGINT, which the workers simply ignore, once: Ctrl-C in training.
 @pytest.mark.parametrize("phase,step,signal_name", [("train", 3, "SIGTERM"), ("val", 4, "SIGTERM"),
                                                     ("test", 8, "SIGTERM"), ("train", 3, "SIGINT")])
-def test_03_to_06_a_signal_to_the_group_with_workers_stops_gracefully(cape_data, tmp_path, phase, step, signal_name):
+def test_03_to_06_a_signal_to_the_group_with_workers_stops_gracefully(cape_data, tmp_path, warm_cape, phase, step,
+                                                                      signal_name):
     """The signal goes to the whole process group (as kill -- -PGID, timeout and schedulers send it), workers
     included: in training (during step 3), in the validation after epoch 1 (step 4) and in the test split (after
     step 8). Each run exits 128 + the signal with its checkpoint and the resume line, no traceback; resuming it
-    finishes the run."""
+    finishes the run. Both runs are forks of the warm interpreter (tests/warm_trainer.py); the stopped one leads a
+    session of its own, as a fresh process started with start_new_session=True would, so the group is the run's."""
     run = tmp_path / "run"
     flags = [*TINY_FLAGS, "--data_root", str(cape_data), "--output_dir", str(run), "--epochs", "2",
              "--episodes_per_epoch", "4", "--num_workers", "2", "--no-use_amp"]
-    done = subprocess.run([sys.executable, "-m", "models.train_cape_episodic", *flags], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, start_new_session=True,
-                          env=child_env(**signal_at(phase, step, signal_name, group=True)))
+    done = warm_cape.run(flags, new_session=True, **signal_at(phase, step, signal_name, group=True))
     assert done.returncode == 128 + signal.Signals[signal_name], done.stderr
     assert "Traceback" not in done.stderr and "resume with: python -m models.train_cape_episodic" in done.stderr
     assert (done.stdout + done.stderr).count(f"{signal_name} received") == 1  # the main process's: workers ignore it
     kept = sorted(p.name for p in run.glob("step_*.pt"))
     assert kept == {"train": ["step_3.pt"], "val": ["step_4.pt"], "test": ["step_4.pt", "step_8.pt"]}[phase]
     assert not (run / "pck_report.json").exists()  # the test split was not finished
-    resumed = subprocess.run([sys.executable, "-m", "models.train_cape_episodic", *flags, "--resume", "auto"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=600, env=child_env())
+    resumed = warm_cape.run([*flags, "--resume", "auto"])
     assert resumed.returncode == 0 and (run / "pck_report.json").is_file(), resumed.stderr
 
 

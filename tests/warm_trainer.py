@@ -8,12 +8,21 @@ fork of it: a process of its own, with its own stdout, stderr and exit status, w
 
 Use it only where a run's files and output are the point, as in the crash and resume tests: a fork starts from an
 interpreter that has imported the trainer and run nothing, so what a run reads as it starts (its argv, the files, its
-environment) is what a fresh process would read. A test of start-up itself, of signals sent from outside, or of the
-command as a user types it, starts a real process instead.
+environment) is what a fresh process would read.
+
+Signals: a run stops itself with the tests' hook (``RUN_SIGNAL_AT``, tests/signal_hook.py), as a fresh process would.
+Its ``:group`` form signals the whole process group, so such a run is started with ``new_session=True``: the fork
+then leads a session and process group of its own (as ``start_new_session=True`` gives a fresh process), which the
+signal reaches with every process the run starts (its DataLoader workers), and never the warm interpreter or the test
+session. What still needs a real process: start-up itself (imports, ``python -m`` and tests/run_hook's
+sitecustomize), the command as a user types it, and a signal a test sends from outside while the run goes on
+(``run`` returns only when the run has ended, so there is no moment to send it), such as SIGCONT to a frozen run or
+torchrun's agent forwarding a stop to its ranks.
 
     with WarmTrainer("pretrain", child_env()) as warm:
         done = warm.run([...argv...], prelude="...", RUN_SIGNAL_AT="train:12:SIGKILL")
         done.returncode, done.stdout, done.stderr
+        warm.run([...argv...], new_session=True, RUN_SIGNAL_AT="train:3:SIGTERM:group")  # kill -- -PGID
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ PRELOAD = ("utils.train.puzzle_trainer", "torch._dynamo", "torch.utils.tensorboa
 
 def serve(module: str) -> None:
     """The warm side: import ``module`` and :data:`PRELOAD`, then for each request line (JSON: argv, prelude, env,
-    out, err) fork a run and answer two lines: its process id, then its exit status (``-N``: signal N ended it)."""
+    out, err, new_session) fork a run and answer two lines: its process id, then its exit status (``-N``: signal N
+    ended it)."""
     for name in (module, *PRELOAD):
         importlib.import_module(name)
     for line in sys.stdin:
@@ -50,9 +60,12 @@ def serve(module: str) -> None:
 
 
 def _run(module: str, request: dict) -> None:
-    """In the fork: stdin from /dev/null, stdout and stderr to the request's files, its environment entries (the
-    tests' hook armed where they name ``RUN_SIGNAL_AT``, as tests/run_hook does in a fresh process), the prelude
-    (which may patch anything, as a ``python -c`` wrapper would), then ``module.main(argv)``; never returns."""
+    """In the fork: a session of its own where the request asks for one (first, so that nothing it runs can signal
+    the warm interpreter's group), stdin from /dev/null, stdout and stderr to the request's files, its environment
+    entries (the tests' hook armed where they name ``RUN_SIGNAL_AT``, as tests/run_hook does in a fresh process), the
+    prelude (which may patch anything, as a ``python -c`` wrapper would), then ``module.main(argv)``; never returns."""
+    if request["new_session"]:
+        os.setsid()
     import logging
     import traceback
 
@@ -89,9 +102,14 @@ class WarmTrainer:
                                       stdout=subprocess.PIPE, bufsize=0)  # unbuffered: select() sees every answer
         self.module = module
 
-    def run(self, argv: list[str], prelude: str = "", timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    def run(self, argv: list[str], prelude: str = "", timeout: float = 300, new_session: bool = False,
+            **env: str) -> subprocess.CompletedProcess:
         """``module.main(argv)`` in a fork, with ``env`` added to its environment and ``exec(prelude)`` first;
         waits for it to end, at most ``timeout`` seconds (a bound for a hung run, as ``subprocess.run`` has).
+        With ``new_session`` the fork calls ``os.setsid()`` before anything else, as ``start_new_session=True`` does
+        for a fresh process: it leads a session and process group of its own, so a signal to its group
+        (``RUN_SIGNAL_AT=...:group``, ``kill -- -PGID``) reaches it and the processes it starts, never the warm
+        interpreter or the test session. Without it the fork shares their group: never signal that group.
 
         Returns:
             its exit status as ``returncode`` (``-N`` for signal N), and its stdout and stderr as text.
@@ -100,7 +118,8 @@ class WarmTrainer:
             RuntimeError: the warm interpreter itself has ended.
         """
         out, err = (Path(self._files.name) / name for name in ("out", "err"))
-        request = {"argv": argv, "prelude": prelude, "env": env, "out": str(out), "err": str(err)}
+        request = {"argv": argv, "prelude": prelude, "env": env, "out": str(out), "err": str(err),
+                   "new_session": new_session}
         self._proc.stdin.write(json.dumps(request).encode() + b"\n")
         pid = int(self._answer())
         if not select.select([self._proc.stdout], [], [], timeout)[0]:
