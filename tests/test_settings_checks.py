@@ -9,26 +9,38 @@ import sys
 import pytest
 
 import pretrain
-from tests.test_bad_inputs import BASE, ROOT, assert_one_line
+from tests.test_bad_inputs import BASE, ROOT, assert_one_line, exit_code
 from utils.config import (FLOAT_RANGES, ConfigError, PretrainConfig, check_number, command_line_layer,
                           recipe_config)
 
 
-@pytest.mark.parametrize("override,fragment", [
+NUMBER_CASES = [
     ("lr=inf", "lr=inf is out of range: must be a finite number in [0, 1]"),
     ("lr=1e30", "lr=1e+30 is out of range: must be a finite number in [0, 1]"),
     ("lr=nan", "lr=nan is out of range"),
     ("weight_decay=inf", "weight_decay=inf is out of range: must be a finite number in [0, 10]"),
     ("puzzle_emb_lr=inf", "puzzle_emb_lr=inf is out of range: must be a finite number in [0, 1]"),
     ("ema_rate=nan", "ema_rate=nan is out of range: must be a finite number in [0, 1]"),
-])
-def test_pretrain_script_refuses_a_number_before_building_data(tmp_path, capsys, override, fragment):
+]
+
+
+@pytest.mark.parametrize("override,fragment", NUMBER_CASES, ids=[c[0] for c in NUMBER_CASES])
+def test_pretrain_refuses_a_number_before_building_data(tmp_path, capsys, monkeypatch, override, fragment):
     """The recipe builds its dataset under the working directory on first use: the refusal must come first."""
+    monkeypatch.chdir(tmp_path)
+    assert_one_line(capsys, exit_code(lambda: pretrain.main(["--config-name=cfg_pretrain_trm_cpu", override])),
+                    fragment)
+    assert not list(tmp_path.iterdir())  # no dataset, no run directory
+
+
+def test_the_script_refuses_a_number_in_one_line_with_exit_code_2(tmp_path, capsys):
+    """The same refusal from ``python pretrain.py`` as a user types it (each value's check: above, in-process)."""
+    override, fragment = NUMBER_CASES[2]
     done = subprocess.run([sys.executable, str(ROOT / "pretrain.py"), "--config-name=cfg_pretrain_trm_cpu", override],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     print(done.stderr, file=sys.stderr, end="")
     assert_one_line(capsys, done.returncode, fragment)
-    assert not list(tmp_path.iterdir())  # no dataset, no run directory
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("override,fragment", [
