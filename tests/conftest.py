@@ -10,6 +10,8 @@ by :func:`child_env`'s PYTHONPATH."""
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,11 +26,14 @@ HOOK_PATH = Path(__file__).resolve().parent / "run_hook"  # its sitecustomize ar
 
 
 HAS_CUDA = torch.cuda.is_available()
+ROOT = Path(__file__).resolve().parent.parent
+NUMBA_CACHE = pytest.StashKey[subprocess.Popen]()  # tests/numba_cache.py, started by the controller
 
 
 def pytest_configure(config):
     """Under pytest-xdist each worker's torch takes its share of the cores, not all of them: two workers with two
-    threads each on two cores spend their time switching. Ctrl-C keeps its meaning (below)."""
+    threads each on two cores spend their time switching. Ctrl-C keeps its meaning (below). Under pytest-xdist the
+    controller fills numba's cache in the background while the workers collect (tests/numba_cache.py)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
@@ -37,6 +42,17 @@ def pytest_configure(config):
     # tests send them. Ctrl-C is the tests' to send, so it gets its usual meaning here and in every child.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if config.getoption("numprocesses", None) and not hasattr(config, "workerinput"):  # xdist's controller
+        config.stash[NUMBA_CACHE] = subprocess.Popen([sys.executable, "-m", "tests.numba_cache"], cwd=ROOT,
+                                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_unconfigure(config):
+    """The numba cache filler (tests/numba_cache.py) does not outlive the session."""
+    filler = config.stash.get(NUMBA_CACHE, None)
+    if filler is not None:
+        filler.kill()
+        filler.wait()
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -54,7 +70,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the tests marked ``gpu`` where there is no NVIDIA GPU, saying so."""
+    """Skip the tests marked ``gpu`` where there is no NVIDIA GPU, saying so; and run the files that hold a test
+    marked ``slow`` first (:func:`slow_files_first`)."""
+    slow_files_first(items)
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (torch.cuda.is_available() is False here); the same code's "
@@ -62,6 +80,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
+
+
+def slow_files_first(items: list) -> None:
+    """Reorder ``items`` in place: the files that hold a test marked ``slow`` first, each file's tests together and
+    in their order. Under pytest-xdist the session ends when its last test does: a long test drawn last keeps one
+    worker busy while the others idle, and a file's fixtures are built once on each worker that runs its tests."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the order within each group is kept
 
 
 @pytest.fixture(autouse=True)

@@ -55,6 +55,7 @@ def two_processes(sudoku_dir, tmp_path_factory) -> tuple[Path, subprocess.Comple
     return where, done
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one_process_and_only_rank0_writes(sudoku_dir, two_processes, tmp_path):
     single = run([sys.executable, "pretrain.py", *common(sudoku_dir), f"checkpoint_path={tmp_path / 'one'}"])
     assert single.returncode == 0, single.stdout + single.stderr
@@ -74,6 +75,7 @@ def test_two_gloo_processes_match_one_process_and_only_rank0_writes(sudoku_dir, 
             assert b[key] == pytest.approx(a[key], abs=1e-6), key
 
 
+@pytest.mark.slow
 def test_a_crashing_rank_brings_the_job_down_with_its_error(sudoku_dir, tmp_path):
     wrapper = tmp_path / "crash_rank1.py"
     wrapper.write_text(textwrap.dedent(f"""
@@ -97,6 +99,7 @@ def test_a_crashing_rank_brings_the_job_down_with_its_error(sudoku_dir, tmp_path
     assert "injected failure on rank 1" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_global_batch_must_divide_by_world_size(sudoku_dir, tmp_path):
     result = torchrun("pretrain.py", "--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", *TINY,
                       "global_batch_size=31", f"checkpoint_path={tmp_path / 'run'}")
@@ -104,6 +107,7 @@ def test_global_batch_must_divide_by_world_size(sudoku_dir, tmp_path):
     assert "global_batch_size 31 is not divisible by the 2 processes" in result.stderr
 
 
+@pytest.mark.slow
 def test_resume_under_torchrun_restores_every_ranks_carry(sudoku_dir, two_processes, tmp_path):
     # A scheduler's SIGTERM to the job's process group (torchrun and both workers) during step 5.
     env = child_env(HRM_DIST_TIMEOUT_MIN="1", **signal_at("train", 5, "SIGTERM", group=True))

@@ -244,6 +244,7 @@ def is_minimal(q):
     return True
 
 
+@pytest.mark.slow
 def test_minimal_puzzles_are_minimal(rated):
     questions, _ = originals(rated, "test")
     assert all(is_minimal(q) for q in questions)

@@ -238,6 +238,7 @@ def test_rebuild_over_an_earlier_build(tmp_path, monkeypatch):
     assert list((root / "annotations").iterdir()) == []  # nothing says "finished" over half-new images
 
 
+@pytest.mark.slow
 def test_cli_help_and_run(tmp_path):
     script = REPO / "scripts" / "build_synthetic_cape_dataset.py"
     out = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, check=True).stdout
