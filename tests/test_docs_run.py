@@ -63,7 +63,7 @@ TINY_FLAGS = {"scripts/build_sudoku_dataset.py": ["--train-size", "4", "--test-s
               "scripts/reproduce.py": [],
               "scripts/benchmark_test_time.py": ["--device", "cpu", "--max-examples", "2", "--batch-size", "2",
                                                  "--segments", "2,4", "--rollouts", "1,2"],
-              "scripts/benchmark_passes.py": ["--rollouts", "1,2", "--repeats", "1"]}
+              "scripts/benchmark_passes.py": ["--rollouts", "1,2", "--segments", "1", "--repeats", "1"]}
 SERVE_ADDED = ["--port", "0", "--device", "cpu"]  # a free port: 8000 may be taken
 CAPE_TINY = ["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64", "--device",
              "cpu", "--shots", "1", "--queries", "2", "--eval_queries", "2", "--val_episodes_per_category", "1",
