@@ -226,22 +226,15 @@ CAPE_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def cape_root(tmp_path_factory):
-    from utils.data.synthetic_cape import build
-    return build(tmp_path_factory.mktemp("cape") / "synthetic", num_categories=10, instances_per_category=20,
-                 image_size=64, seed=0)
-
-
 @pytest.mark.parametrize("flags,fragment", CAPE_CASES, ids=[" ".join(c[0]) for c in CAPE_CASES])
-def test_cape_flag(cape_root, tmp_path, capsys, flags, fragment):
+def test_cape_flag(cape_data, tmp_path, capsys, flags, fragment):
     from models import train_cape_episodic as cape
     (tmp_path / "file").write_text("not a directory")
     (tmp_path / "empty.pt").write_bytes(b"")
     paths = dict(missing=tmp_path / "missing", file=tmp_path / "file", empty=tmp_path / "empty.pt")
     base = ["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64",
             "--device", "cpu", "--queries", "2", "--eval_queries", "2", "--epochs", "1", "--episodes_per_epoch", "1",
-            "--batch_size", "1", "--accumulation_steps", "1", "--num_workers", "0", "--data_root", str(cape_root)]
+            "--batch_size", "1", "--accumulation_steps", "1", "--num_workers", "0", "--data_root", str(cape_data)]
     if "--output_dir" not in flags:
         base += ["--output_dir", str(tmp_path / "run")]
     code = exit_code(lambda: cape.main(base + [f.format(**paths) for f in flags]))
@@ -295,11 +288,11 @@ def test_train_and_test_data_that_do_not_fit_one_model_fail_before_training(sudo
     assert not list(run.glob("step_*.pt"))  # found before the first step, not at the first evaluation
 
 
-def test_an_unreadable_image_in_a_dataloader_worker_is_one_line(cape_root, tmp_path, capsys):
+def test_an_unreadable_image_in_a_dataloader_worker_is_one_line(cape_data, tmp_path, capsys):
     """The worker's error reaches the main process wrapped in its traceback; the user sees the one line."""
     from models import train_cape_episodic as cape
     root = tmp_path / "data"
-    shutil.copytree(cape_root, root)
+    shutil.copytree(cape_data, root)
     for image in (root / "images").rglob("*.png"):
         image.write_bytes(b"")  # e.g. a placeholder or an interrupted download
     code = exit_code(lambda: cape.main(["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4",

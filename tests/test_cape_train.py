@@ -15,7 +15,6 @@ from models.cape import build_model
 from tests.conftest import child_env, signal_at
 from tests.test_cape_protocol import recompute_from_file, reference_episodes, write_protocol_fixture
 from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
-from utils.data.synthetic_cape import build
 from utils.distributed import Dist
 from utils.checkpoint import safe_load
 from utils.run import guard as guard_mod
@@ -41,14 +40,8 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def data_root(tmp_path_factory):
-    return build(tmp_path_factory.mktemp("synthetic_cape"), num_categories=10, instances_per_category=20,
-                 image_size=64, seed=0)
-
-
-@pytest.fixture(scope="module")
-def batches(data_root):
-    train = load_mp100(data_root, 1)["train"]
+def batches(cape_data):
+    train = load_mp100(cape_data, 1)["train"]
     ds = EpisodeDataset(train, EpisodeSampler(train, 1, 2), 64, Augmentation(), seed=0, num_episodes=4)
     return [collate_episodes([ds[i], ds[i + 1]]) for i in (0, 2)]
 
@@ -160,9 +153,9 @@ def read_metrics(path):
 
 
 @pytest.mark.slow
-def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsys, caplog):
+def test_end_to_end_stop_resume_and_test(monkeypatch, cape_data, tmp_path, capsys, caplog):
     out = tmp_path / "run"
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "2",
+    flags = TINY_FLAGS + ["--data_root", str(cape_data), "--output_dir", str(out), "--epochs", "2",
                           "--episodes_per_epoch", "3", "--no-use_amp"]
     # A SIGTERM during the first step: the trainer finishes it, checkpoints and exits 143 with a resume line.
     monkeypatch.setattr(trainer.GracefulStop, "__enter__", lambda self: (setattr(self, "signal_name", "SIGTERM"), self)[1])
@@ -189,35 +182,35 @@ def test_end_to_end_stop_resume_and_test(monkeypatch, data_root, tmp_path, capsy
     assert json.loads((out / "run.json").read_text())["best"] == "best.pt"
 
 
-def test_a_second_run_in_one_directory_is_refused(data_root, tmp_path, capsys):
+def test_a_second_run_in_one_directory_is_refused(cape_data, tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"run_id": "abc", "trainer": "cape", "checkpoints": []}))
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "1",
+    flags = TINY_FLAGS + ["--data_root", str(cape_data), "--output_dir", str(out), "--epochs", "1",
                           "--episodes_per_epoch", "1"]
     assert trainer.main(flags) == 2
     assert "already holds run abc" in capsys.readouterr().err
 
 
-def test_ten_nonfinite_steps_in_a_row_stop_training(monkeypatch, data_root, tmp_path, capsys):
+def test_ten_nonfinite_steps_in_a_row_stop_training(monkeypatch, cape_data, tmp_path, capsys):
     monkeypatch.setattr(guard_mod, "nonfinite_flags", lambda tensors: torch.ones(len(tensors), dtype=torch.int32))
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
+    flags = TINY_FLAGS + ["--data_root", str(cape_data), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "12", "--no-use_amp"]
     assert trainer.main(flags) == 1
     assert "stopping at step 10: 10 non-finite steps in a row (last: loss, " in capsys.readouterr().err
 
 
-def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, data_root, tmp_path):
+def test_cudnn_deterministic_turns_benchmark_off(monkeypatch, cape_data, tmp_path):
     calls = []
     monkeypatch.setattr(trainer, "configure_backends", lambda device, benchmark, **kw: calls.append((benchmark, kw)))
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
+    flags = TINY_FLAGS + ["--data_root", str(cape_data), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "1", "--cudnn_deterministic"]
     assert trainer.main(flags) == 0
     assert calls == [(False, {"deterministic": True, "warn_only": True, "compiling": False})]
 
 
-def flags(data_root, out, *extra, epochs=2) -> list[str]:
-    return TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", str(epochs),
+def flags(cape_data, out, *extra, epochs=2) -> list[str]:
+    return TINY_FLAGS + ["--data_root", str(cape_data), "--output_dir", str(out), "--epochs", str(epochs),
                          "--episodes_per_epoch", "4", "--no-use_amp", "--cudnn_deterministic",
                          "--keep_last_checkpoints", "0", *extra]
 
@@ -233,10 +226,10 @@ def assert_same_state(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(data_root, tmp_path, warm_cape):
+def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(cape_data, tmp_path, warm_cape):
     """Each run a fork of one warm interpreter (tests/warm_trainer.py); the signals come from the tests' hook."""
     def run(out, *extra, **env):
-        return warm_cape.run(flags(data_root, tmp_path / out, *extra), **env)
+        return warm_cape.run(flags(cape_data, tmp_path / out, *extra), **env)
 
     straight = run("straight")
     assert straight.returncode == 0, straight.stderr
@@ -258,8 +251,8 @@ def test_mid_epoch_sigint_and_kill_9_then_resume_are_bitwise(data_root, tmp_path
         assert_same_state(tmp_path / "straight" / "step_8.pt", tmp_path / out / "step_8.pt")
 
 
-def test_ranks_partition_the_single_process_episode_stream(data_root):
-    train = load_mp100(data_root, 1)["train"]
+def test_ranks_partition_the_single_process_episode_stream(cape_data):
+    train = load_mp100(cape_data, 1)["train"]
     sampler = EpisodeSampler(train, 1, 2)
     single = EpisodeDataset(train, sampler, 64, Augmentation(), seed=3, num_episodes=6)
     ranks = [EpisodeDataset(train, sampler, 64, Augmentation(), seed=3, num_episodes=3, rank=r, world_size=2) for r in (0, 1)]
@@ -285,22 +278,22 @@ sys.exit(trainer.main(sys.argv[1:]))
 """
 
 
-def torchrun(script, data_root, out, *extra, env=None):
+def torchrun(script, cape_data, out, *extra, env=None):
     env = child_env(HRM_DIST_TIMEOUT_MIN="2", **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", "localhost:0", *script, *TINY_FLAGS, "--data_root", str(data_root),
+           "--rdzv-endpoint", "localhost:0", *script, *TINY_FLAGS, "--data_root", str(cape_data),
            "--output_dir", str(out), "--episodes_per_epoch", "4", "--batch_size", "2", *extra]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
 @pytest.mark.slow
-def test_two_processes_agree_when_validation_improves_when_it_does_not_and_on_a_stop(data_root, tmp_path):
+def test_two_processes_agree_when_validation_improves_when_it_does_not_and_on_a_stop(cape_data, tmp_path):
     # Rank 0 alone validates; a scripted score makes epoch 2 not improve, so rank 1 must follow rank 0's verdict
     # (a rank deciding on its own would wait in the best.pt barrier while the other waits elsewhere).
     script = tmp_path / "scripted.py"
     script.write_text(SCRIPTED_VALIDATION.format(root=str(ROOT)))
-    run = torchrun([str(script)], data_root, tmp_path / "run", "--epochs", "3")
+    run = torchrun([str(script)], cape_data, tmp_path / "run", "--epochs", "3")
     out, _ = run.communicate(timeout=600)
     assert run.returncode == 0, out
     assert out.count("val PCK@0.2") == 3 and out.count("new best") == 2  # rank 0 alone reports
@@ -311,7 +304,7 @@ def test_two_processes_agree_when_validation_improves_when_it_does_not_and_on_a_
     assert safe_load(tmp_path / "run" / "best.pt")["step"] == 6 and "test/PCK@0.2_percent" in metrics[-1]
 
     # A scheduler's SIGTERM to the job's process group (torchrun and both workers) during step 3.
-    stopped = torchrun(["-m", "models.train_cape_episodic"], data_root, tmp_path / "stopped", "--epochs", "50",
+    stopped = torchrun(["-m", "models.train_cape_episodic"], cape_data, tmp_path / "stopped", "--epochs", "50",
                        env=signal_at("train", 3, "SIGTERM", group=True))
     out, _ = stopped.communicate(timeout=300)
     assert "resume with:" in out, out
@@ -351,9 +344,9 @@ def test_eval_only_needs_a_checkpoint(tmp_path, capsys):
     assert "--eval_only needs --resume CHECKPOINT" in capsys.readouterr().err
 
 
-def test_a_failed_start_claims_nothing_and_an_empty_checkpoint_restarts_the_log(data_root, tmp_path, capsys):
+def test_a_failed_start_claims_nothing_and_an_empty_checkpoint_restarts_the_log(cape_data, tmp_path, capsys):
     out = tmp_path / "run"
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(out), "--epochs", "1",
+    flags = TINY_FLAGS + ["--data_root", str(cape_data), "--output_dir", str(out), "--epochs", "1",
                           "--episodes_per_epoch", "2", "--no-use_amp", "--val_interval", "1"]
     assert trainer.main(flags + ["--shots", "50"]) == 2
     assert "no category has" in capsys.readouterr().err and not out.exists()
@@ -365,11 +358,11 @@ def test_a_failed_start_claims_nothing_and_an_empty_checkpoint_restarts_the_log(
     assert steps == [1, 2]  # the log restarted with the run, no step twice
 
 
-def test_newcomer_the_length_estimate_comes_before_the_first_step(data_root, tmp_path, caplog):
+def test_newcomer_the_length_estimate_comes_before_the_first_step(cape_data, tmp_path, caplog):
     """device=cpu: as the puzzle trainer does, the CAPE trainer tells the length of its schedule from FLOPs before
     its first step, then again from its timed steps."""
     caplog.set_level("INFO")
-    flags = TINY_FLAGS + ["--data_root", str(data_root), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
+    flags = TINY_FLAGS + ["--data_root", str(cape_data), "--output_dir", str(tmp_path / "run"), "--epochs", "1",
                           "--episodes_per_epoch", "8", "--no-use_amp"]
     assert trainer.main(flags) == 0
     told = caplog.text

@@ -165,15 +165,6 @@ def fresh_copy(where: Path) -> Path:
     return where
 
 
-@pytest.fixture(scope="session")
-def tiny_cape(tmp_path_factory) -> Path:
-    """A small synthetic MP-100 (the layout ./START_CAPE_TRAINING.sh builds in data/synthetic_cape on first use)."""
-    from utils.data.synthetic_cape import build
-
-    return build(tmp_path_factory.mktemp("cape") / "synthetic_cape", num_categories=10, instances_per_category=20,
-                 image_size=64, seed=0)
-
-
 # ---- smoke forms -----------------------------------------------------------------------------------------------------
 
 def recipe_of(args: list[str]) -> tuple[str, list[str]]:
@@ -264,7 +255,7 @@ def expand(args: list[str], copy: Path) -> list[str]:
     return out
 
 
-def run_command(command: str, copy: Path, capfd, tiny_cape: Path) -> str:
+def run_command(command: str, copy: Path, capfd, cape_data: Path) -> str:
     """Run one documented command that can run here in ``copy`` (as written, or its smoke form); what was added to
     it. Fails the test when it does not end with exit code 0."""
     env, words = split_env(shlex.split(command))
@@ -275,7 +266,7 @@ def run_command(command: str, copy: Path, capfd, tiny_cape: Path) -> str:
     elif target == "./START_CAPE_TRAINING.sh":
         synthetic = copy / "data" / "synthetic_cape"
         if not synthetic.exists():
-            shutil.copytree(tiny_cape, synthetic)
+            shutil.copytree(cape_data, synthetic)
         added = CAPE_TINY
         code, out = run_shell(" ".join(shlex.quote(w) for w in [*command_env(env), *words, *added]), copy)
     elif target == "solve.py" and "--serve" in args:
@@ -406,7 +397,7 @@ def replays(tmp_path_factory) -> Replays:
     return Replays(base.parent / f"documented-{run}" if run else base / "documented")
 
 
-def run_once(command: str, page: Page, replays: Replays, capfd, tiny_cape: Path) -> tuple[str, str]:
+def run_once(command: str, page: Page, replays: Replays, capfd, cape_data: Path) -> tuple[str, str]:
     """``("cannot", why)``, or ``("ran", what was added)`` after :func:`run_command` or, for a command of
     :data:`REPEATED`, after copying in the files its earlier run with the same inputs (on another page) wrote."""
     unable = cannot(shlex.split(command), page.copy)
@@ -418,7 +409,7 @@ def run_once(command: str, page: Page, replays: Replays, capfd, tiny_cape: Path)
             note = f"{record['note']} ({record['seconds']:.0f} s, in {record['page']}; replayed here)"
         else:
             before, started = snapshot(page.copy), time.monotonic()
-            note = run_command(command, page.copy, capfd, tiny_cape)
+            note = run_command(command, page.copy, capfd, cape_data)
             seconds = time.monotonic() - started
             written, removed = changes(before, snapshot(page.copy))
             if entry is not None:
@@ -435,11 +426,11 @@ REPEATED = {c for c, n in Counter(c for _, commands in DOCUMENTED for c in set(c
 
 @pytest.mark.slow
 @pytest.mark.parametrize("page,commands", DOCUMENTED, ids=[page for page, _ in DOCUMENTED])
-def test_every_documented_command_runs(page, commands, tmp_path, capfd, tiny_cape, replays, record_property):
+def test_every_documented_command_runs(page, commands, tmp_path, capfd, cape_data, replays, record_property):
     here = Page(page, fresh_copy(tmp_path / "repo"))
     record = []
     for command in commands:
-        status, note = run_once(command, here, replays, capfd, tiny_cape)
+        status, note = run_once(command, here, replays, capfd, cape_data)
         record.append((status, command, note))
     record_property(RECORD, record)
 
