@@ -37,7 +37,8 @@ for arg in "$@"; do
 done
 
 # One interpreter checks torch and picks the device: each start of one imports torch, a few seconds on a small CPU.
-DEVICE=$("$PYTHON" -c "
+# --device cpu leaves nothing to pick, so then it only looks for torch, without importing it.
+PICK_DEVICE="
 import sys
 try:
     import torch
@@ -49,7 +50,15 @@ try:
     print(select_device(sys.argv[1]).device.type)
 except DeviceError as e:
     sys.exit(f'START_CAPE_TRAINING: {e}')
-" "$REQUESTED_DEVICE") || {
+"
+FIND_TORCH="
+import importlib.util, sys
+if importlib.util.find_spec('torch') is None:
+    sys.exit(3)
+print('cpu')
+"
+[[ "$REQUESTED_DEVICE" == cpu ]] && PROBE="$FIND_TORCH" || PROBE="$PICK_DEVICE"
+DEVICE=$("$PYTHON" -c "$PROBE" "$REQUESTED_DEVICE") || {
   [[ $? == 3 ]] && die "$PYTHON cannot import torch: install the requirements (pip install -r requirements.txt)"
   exit 2
 }

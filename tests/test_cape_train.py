@@ -368,3 +368,20 @@ def test_newcomer_the_length_estimate_comes_before_the_first_step(cape_data, tmp
     told = caplog.text
     assert "estimated time to the end of the schedule: " in told and " (8 steps of " in told
     assert told.index("estimated time to the end") < told.index("the first step took") < told.index("measured: ")
+
+
+# ---- ./START_CAPE_TRAINING.sh ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", ["cpu", "auto"])
+def test_the_start_script_without_torch_says_so_in_one_line(tmp_path, device):
+    """An interpreter without torch (``python -S``: no site-packages) is one line and exit code 2, whether the script
+    picks the device (``auto``: it imports torch) or is told ``--device cpu`` (it only looks for torch, as that
+    import takes seconds); nothing is built."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    done = subprocess.run([str(ROOT / "START_CAPE_TRAINING.sh"), "--device", device], capture_output=True, text=True,
+                          timeout=120, env={**child_env(), "PYTHON": str(python)})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (f"START_CAPE_TRAINING: error: {python} cannot import torch: install the requirements "
+                           "(pip install -r requirements.txt)\n") and done.stdout == ""
