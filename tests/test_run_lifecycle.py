@@ -18,7 +18,7 @@ import torch
 import pretrain
 from models.hrm.hrm_act_v1 import HierarchicalReasoningModel_ACTV1_Inner
 from tests import signal_hook
-from tests.conftest import child_env, signal_at
+from tests.conftest import signal_at
 from utils.distributed import Dist
 from utils.errors import UserError
 from utils.train import arc_adapt
@@ -33,9 +33,11 @@ from utils.run.schedule import LRSchedule
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# One H and one L cycle: these tests are about the run's files, output and exit status, not the model's depth (its
+# cycles: tests/test_curriculum.py); two by two cycles (HRM) or three by six (TRM) would double a run's CPU time or more.
 TINY = ["compile=false", "device=cpu", "arch.hidden_size=32", "arch.num_heads=2", "arch.H_layers=1", "arch.L_layers=1",
-        "arch.halt_max_steps=2", "arch.expansion=2", "global_batch_size=16", "epochs=4", "eval_interval=2",
-        "log_interval=2", "lr_warmup_steps=2", "forward_dtype=float32"]
+        "arch.H_cycles=1", "arch.L_cycles=1", "arch.halt_max_steps=2", "arch.expansion=2", "global_batch_size=16",
+        "epochs=4", "eval_interval=2", "log_interval=2", "lr_warmup_steps=2", "forward_dtype=float32"]
 
 
 def train(sudoku_dir, *extra):
@@ -359,15 +361,14 @@ def test_a_failed_start_leaves_no_claim_and_the_corrected_command_runs(sudoku_di
 
 
 @pytest.mark.slow
-def test_a_stop_during_the_first_step_acts_at_once_and_the_length_is_told(sudoku_dir, tmp_path):
+def test_a_stop_during_the_first_step_acts_at_once_and_the_length_is_told(sudoku_dir, tmp_path, warm_pretrain):
     """A SIGTERM in step 1, which compiles (minutes on a CPU), stops the run at once: nothing to save, nothing
-    left. (Stops whose raise Python drops inside the compiler: tests/test_graceful_stop.py.)"""
+    left. (Stops whose raise Python drops inside the compiler: tests/test_graceful_stop.py.) The run is a fork of the
+    warm interpreter (tests/warm_trainer.py): a process of its own, whose hook sends the signal to it alone."""
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "pretrain.py", "--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}",
-                           f"checkpoint_path={run}", *[t for t in TINY if t != "compile=false"], "compile=true"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=child_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
-                                        **signal_at("train", 1, "SIGTERM")))
+    proc = warm_pretrain.run(["--config-name=cfg_pretrain_cpu", f"data_path={sudoku_dir}", f"checkpoint_path={run}",
+                              *[t for t in TINY if t != "compile=false"], "compile=true"],
+                             TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"), **signal_at("train", 1, "SIGTERM"))
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert "during the first step (compiling)" in proc.stderr
     assert "estimated time to the end of the schedule: " in proc.stderr
