@@ -21,6 +21,7 @@ when compile is on, and is told apart) and tells the rest of the schedule at tha
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from dataclasses import dataclass
@@ -83,9 +84,12 @@ def synchronize(device: torch.device) -> None:
     {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(device.type, lambda: None)()
 
 
+@functools.cache
 def matmul_rate(device: torch.device, dtype: torch.dtype, size: int = 1024, seconds: float = 0.2) -> float:
     """FLOP/s of a ``size`` x ``size`` GEMM in ``dtype`` on ``device``, timed for about ``seconds``. The operands come
-    from a generator of their own: the run's random streams, restored on a resume, do not move."""
+    from a generator of their own: the run's random streams, restored on a resume, do not move. Timed once a process
+    for each set of arguments: a program that trains several times (the page's ARC adaptation, the tests) reuses it
+    for each run's first length estimate, which the timed steps then replace."""
     generator = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=generator).to(device, dtype) for _ in range(2))
     torch.mm(a, b)
