@@ -15,6 +15,7 @@ import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is im
 
 import contextlib
 import dataclasses
+import json
 import logging
 import sys
 import time
@@ -333,13 +334,25 @@ def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weig
                             depth_flops(setup, data.train.metadata, curriculum, rank.world_size) if rank.is_main else {})
 
 
+# (architecture as JSON, batch, seq_len, vocab_size, identifiers, dtype), (H_cycles, L_cycles) -> one process's
+# optimizer step FLOPs. Tracing takes about half a second, so a program that trains several times (the page's ARC
+# adaptation, the tests) traces each model once.
+_TRACED_STEP_FLOPS: dict[tuple[tuple, tuple[int, int]], int] = {}
+
+
 def depth_flops(setup: Setup, metadata: PuzzleDatasetMetadata, curriculum: DepthCurriculum,
                 world_size: int) -> dict[tuple[int, int], int]:
-    """FLOPs of one optimizer step (all processes) at each depth the run trains at, traced on the ``meta`` device."""
-    meta, flops = meta_model(setup, metadata), {}
+    """FLOPs of one optimizer step (all processes) at each depth the run trains at, traced on the ``meta`` device
+    (once a process for each model: :data:`_TRACED_STEP_FLOPS`)."""
+    model = (json.dumps(setup.arch, sort_keys=True, default=repr), setup.local_batch_size, metadata.seq_len,
+             metadata.vocab_size, metadata.num_puzzle_identifiers, setup.dtype)
+    flops = {}
     for *_, depth in curriculum.segments():
-        set_depth(meta.model, depth)
-        flops[depth] = step_flops(meta, setup.local_batch_size, metadata.seq_len) * world_size
+        if (model, depth) not in _TRACED_STEP_FLOPS:
+            meta = meta_model(setup, metadata)
+            set_depth(meta.model, depth)
+            _TRACED_STEP_FLOPS[model, depth] = step_flops(meta, setup.local_batch_size, metadata.seq_len)
+        flops[depth] = _TRACED_STEP_FLOPS[model, depth] * world_size
     return flops
 
 
