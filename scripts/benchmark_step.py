@@ -34,21 +34,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count  # noqa: E402
-
-from models import build_model, validate_arch  # noqa: E402
-from models.sparse_embedding import SparseEmbeddingSignSGD  # noqa: E402
 from utils.bench import PROTOCOL, SUDOKU, not_a_checkout, paired_median, serve_steps, sudoku_batch  # noqa: E402
 from utils.cli import ArgumentParser  # noqa: E402
-from utils.config import recipe_config  # noqa: E402
-from utils.device import select_device, select_dtype  # noqa: E402
-from utils.hardware_optimizer import compile_model, machine_line  # noqa: E402
-from utils.optimizer_utils import get_adam_atan2_optimizer  # noqa: E402
-from utils.run.main import cli_main  # noqa: E402
+
+# torch, the models and the trainer's parts are imported where they are used: they take seconds to load, and --help
+# or a bad command line is answered before any of them (main checks the command line first, as pretrain.py does).
+if TYPE_CHECKING:
+    import torch
 
 # name -> (recipe, what it is)
 MODELS = {
@@ -62,18 +58,20 @@ CPU_BATCH = 64  # the reference batches (768) take tens of seconds per step on a
 REFERENCE_MODELS = ("trm_cpu", "trm_mlp")  # the quickstart and the Sudoku MLP recipe
 
 
-def _cpu_sdpa_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_flop_count(query, key, value)
+def cpu_attention_flops() -> dict:
+    """FlopCounterMode's ``custom_mapping`` for the CPU attention kernels: it knows the CUDA ones but not these, so
+    they are counted with torch's own SDPA formulas (the arguments arrive as shapes)."""
+    import torch
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
+    def forward(query, key, value, *args, out_val=None, **kwargs) -> int:
+        return sdpa_flop_count(query, key, value)
 
-def _cpu_sdpa_backward_flops(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out, query, key, value)
+    def backward(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
 
-
-# FlopCounterMode knows the CUDA attention kernels but not the CPU one; count it with torch's own SDPA formulas
-# (arguments arrive as shapes).
-CPU_ATTENTION_FLOPS = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa_flops,
-                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward_flops}
+    return {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
 
 
 def recipe_arch(recipe: str, overrides: list[str]) -> tuple[dict, int]:
@@ -82,14 +80,24 @@ def recipe_arch(recipe: str, overrides: list[str]) -> tuple[dict, int]:
     Raises:
         ConfigError: a bad recipe or override.
     """
+    from models import validate_arch
+    from utils.config import recipe_config
+
     cfg = recipe_config(recipe, overrides)
     return validate_arch(cfg.arch), cfg.global_batch_size
 
 
 class Trainer:
-    """One model with its optimizers and ACT carry; :meth:`step` runs one training step through ``forward``."""
+    """One model with its optimizers and ACT carry; :meth:`step` runs one training step through the eager or the
+    compiled model, as :meth:`forward` gives it."""
 
     def __init__(self, arch: dict, batch_size: int, device: torch.device, dtype: torch.dtype):
+        import torch
+
+        from models import build_model
+        from models.sparse_embedding import SparseEmbeddingSignSGD
+        from utils.optimizer_utils import get_adam_atan2_optimizer
+
         torch.manual_seed(0)
         self.head = build_model(arch, batch_size=batch_size, dtype=dtype, device=device, **SUDOKU)
         self.optimizers = [get_adam_atan2_optimizer(self.head.model.parameters(), lr=1e-4, betas=(0.9, 0.95),
@@ -101,6 +109,12 @@ class Trainer:
         self.batch_size = batch_size
         self.params = sum(p.numel() for p in self.head.model.parameters())
 
+    def forward(self, compiled: bool):
+        """What :meth:`step` runs the batch through: the loss head, or it under torch.compile (eager fallback)."""
+        from utils.hardware_optimizer import compile_model
+
+        return compile_model(self.head) if compiled else self.head
+
     def step(self, forward) -> None:
         self.carry, loss, _, _, _ = forward(self.carry, self.batch)
         (loss / self.batch_size).backward()
@@ -110,13 +124,30 @@ class Trainer:
 
     def matmul_flops(self) -> int:
         """Matmul and attention FLOPs of one eager step (forward and backward), counted by FlopCounterMode."""
-        counter = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION_FLOPS)
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False, custom_mapping=cpu_attention_flops())
         with counter:
             self.step(self.head)
         return counter.get_total_flops()
 
 
+def device_and_dtype(name: str) -> tuple[torch.device, torch.dtype, str]:
+    """The device ``--device`` names, the precision a run would pick on it and why.
+
+    Raises:
+        DeviceError: ``name`` is not a device of this machine.
+    """
+    from utils.device import select_device, select_dtype
+
+    device = select_device(name).device
+    dtype, why = select_dtype(device)
+    return device, dtype, why
+
+
 def synchronizer(device: torch.device):
+    import torch
+
     return {"cuda": torch.cuda.synchronize, "mps": torch.mps.synchronize}.get(device.type, lambda: None)
 
 
@@ -130,6 +161,8 @@ def timed(fn, sync) -> float:
 
 def gemm(n: int, device: torch.device, dtype: torch.dtype):
     """A function running one ``n x n`` GEMM (``2 n^3`` FLOPs) in ``dtype``."""
+    import torch
+
     a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
     return lambda: torch.mm(a, b)
 
@@ -143,9 +176,9 @@ def bench_model(name: str, arch: dict, batch_size: int, device: torch.device, dt
     trainer = Trainer(arch, batch_size, device, dtype)
     flops = trainer.matmul_flops()
     peak = gemm(args.gemm_size, device, dtype)
-    modes = {"eager": trainer.head}
+    modes = {"eager": trainer.forward(compiled=False)}
     if not args.no_compile:
-        modes["compiled"] = compile_model(trainer.head)
+        modes["compiled"] = trainer.forward(compiled=True)
     warmup_s = {mode: sum(timed(lambda: trainer.step(fwd), sync) for _ in range(args.warmup)) for mode, fwd in modes.items()}
     for _ in range(2):
         peak()
@@ -287,13 +320,12 @@ def serve_worker(args) -> int:
     """``--worker``: this process is one side of :func:`side_by_side_workers` (eager also counts the FLOPs)."""
     (name,) = args.models.split(",")
     arch, _ = recipe_arch(MODELS[name][0], args.overrides)
-    device = select_device(args.device).device
-    dtype, _ = select_dtype(device)
+    device, dtype, _ = device_and_dtype(args.device)
     trainer = Trainer(arch, args.batch_size, device, dtype)
     info = {"params": trainer.params}
     if args.no_compile:
         info["flops"] = trainer.matmul_flops()
-    forward = trainer.head if args.no_compile else compile_model(trainer.head)
+    forward = trainer.forward(compiled=not args.no_compile)
     serve_steps(lambda: trainer.step(forward), info, args.warmup)
     return 0
 
@@ -301,8 +333,10 @@ def serve_worker(args) -> int:
 def profile_model(name: str, arch: dict, batch_size: int, device: torch.device, dtype: torch.dtype, args) -> str:
     """``args.profile`` steps of one model under torch.profiler after the warm-up; returns the operators by
     their own (self) time, the top 25, as torch.profiler's table, headed by the model and the step time."""
+    import torch
+
     trainer = Trainer(arch, batch_size, device, dtype)
-    forward = trainer.head if args.no_compile else compile_model(trainer.head)
+    forward = trainer.forward(compiled=not args.no_compile)
     for _ in range(args.warmup):
         trainer.step(forward)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
@@ -337,6 +371,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def parse_args(argv: list[str] | None):
+    """The command line (default: ``sys.argv``), every check that needs no model made.
+
+    Raises:
+        SystemExit: 0 after ``--help``; 2 after one ``error:`` line for a bad command line.
+    """
     summary, details = __doc__.split("\n\n", 1)
     parser = ArgumentParser(description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=None,
@@ -380,13 +419,18 @@ def parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Benchmark as the command line (default: ``sys.argv``) says; the exit code."""
     args = parse_args(argv)
     if args.worker:
         return serve_worker(args)
 
+    import torch
+
+    from utils.hardware_optimizer import machine_line
+    from utils.run.main import cli_main
+
     def body() -> int:
-        device = select_device(args.device).device
-        dtype, why = select_dtype(device)
+        device, dtype, why = device_and_dtype(args.device)
         args.gemm_size = args.gemm_size or (2048 if device.type == "cpu" else 8192)
         timing = (f"{args.profile} profiled steps per model" if args.profile else
                   f"median of {args.rounds} interleaved rounds; peak = {args.gemm_size}x{args.gemm_size} "

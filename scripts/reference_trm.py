@@ -33,16 +33,19 @@ import json
 import sys
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from utils.bench import SUDOKU, not_a_checkout, serve_steps, sudoku_batch  # noqa: E402
-from utils.optimizer_utils import AdamATan2  # noqa: E402
-from utils.run.schedule import LRSchedule  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
 
 sys.path.remove(str(REPO))  # the project leaves the path before load_reference: see there why
+
+# torch and the project's optimizer are imported where they are used: they take seconds to load, and --help or a bad
+# command line is answered before them.
+if TYPE_CHECKING:
+    import torch
 
 BLANK = 1  # the Sudoku token of an empty cell (digit + 1; pad 0), in the reference builder's format
 IGNORE_LABEL_ID = -100
@@ -62,19 +65,21 @@ class ReferenceUnavailable(Exception):
 
 
 def load_reference(reference_dir: str):
-    """Import the reference's modules from ``reference_dir``; returns a namespace of what the loops use.
+    """Import the reference's modules from ``reference_dir`` (a TinyRecursiveModels checkout: :func:`parse_args`
+    checked it); returns a namespace of what the loops use.
 
-    The project's AdamATan2 and lr schedule were imported with the module, and the project has left ``sys.path``;
-    the reference directory comes first, so that ``models`` is the reference's (a namespace package there, which a
-    regular package of the same name anywhere on the path would win over).
+    The project's AdamATan2 and lr schedule are imported first: the project has left ``sys.path``, and its ``utils``
+    package, imported with this module, finds them. Then the reference directory comes first on the path, so that
+    ``models`` is the reference's (a namespace package there, which a regular package of the same name anywhere on
+    the path would win over).
 
     Raises:
-        ReferenceUnavailable: not a TinyRecursiveModels checkout, or a dependency of it is missing.
+        ReferenceUnavailable: a dependency of the reference code is missing.
     """
+    from utils.optimizer_utils import AdamATan2
+    from utils.run.schedule import LRSchedule
+
     root = Path(reference_dir).expanduser().resolve()
-    problem = not_a_checkout(reference_dir)
-    if problem:
-        raise ReferenceUnavailable(problem)
     sys.path.insert(0, str(root))
     try:
         from models.losses import ACTLossHead
@@ -100,6 +105,8 @@ class ReferenceTrainer:
     """
 
     def __init__(self, ref, settings: dict, shapes: dict, total_steps: int, compile: bool = False):
+        import torch
+
         torch.manual_seed(settings["seed"])
         self.batch_size = settings["global_batch_size"]
         model = ref.Model(dict(**settings["arch"], batch_size=self.batch_size, causal=False, **shapes))
@@ -133,26 +140,28 @@ class ReferenceTrainer:
             optim.step()
             optim.zero_grad()
 
-    @torch.inference_mode()
     def evaluate(self, batches) -> dict[str, float]:
         """Blank-cell and exact accuracy over ``batches`` (the reference test loader's ``(set, batch, size)``
-        triples); each batch runs until all its puzzles halt, as the reference ``evaluate`` does. Padding
-        rows (every label ignored) are left out."""
+        triples), without autograd; each batch runs until all its puzzles halt, as the reference ``evaluate`` does.
+        Padding rows (every label ignored) are left out."""
+        import torch
+
         self.head.eval()
         blank_right = blank_total = exact = count = 0
-        for _, batch, _ in batches:
-            carry = self.head.initial_carry(batch)
-            while True:
-                carry, _, _, preds, done = self.forward(carry=carry, batch=batch, return_keys=["preds"])
-                if done:
-                    break
-            labels, right = batch["labels"], preds["preds"] == batch["labels"]
-            rows = (labels != IGNORE_LABEL_ID).any(-1)
-            blank = batch["inputs"] == BLANK
-            blank_right += (right & blank)[rows].sum().item()
-            blank_total += blank[rows].sum().item()
-            exact += (right | (labels == IGNORE_LABEL_ID)).all(-1)[rows].sum().item()
-            count += rows.sum().item()
+        with torch.inference_mode():
+            for _, batch, _ in batches:
+                carry = self.head.initial_carry(batch)
+                while True:
+                    carry, _, _, preds, done = self.forward(carry=carry, batch=batch, return_keys=["preds"])
+                    if done:
+                        break
+                labels, right = batch["labels"], preds["preds"] == batch["labels"]
+                rows = (labels != IGNORE_LABEL_ID).any(-1)
+                blank = batch["inputs"] == BLANK
+                blank_right += (right & blank)[rows].sum().item()
+                blank_total += blank[rows].sum().item()
+                exact += (right | (labels == IGNORE_LABEL_ID)).all(-1)[rows].sum().item()
+                count += rows.sum().item()
         return {"blank_accuracy": blank_right / max(blank_total, 1), "exact_accuracy": exact / max(count, 1),
                 "puzzles": count}
 
@@ -234,8 +243,13 @@ def step_worker(ref, args) -> int:
 
 
 def parse_args(argv: list[str] | None):
+    """The command line (default: ``sys.argv``), every check that needs no torch made.
+
+    Raises:
+        SystemExit: 0 after ``--help``; 2 after one ``error:`` line for a bad command line.
+    """
     summary, details = __doc__.split("\n\n", 1)
-    parser = argparse.ArgumentParser(description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reference-dir", required=True, help="a checkout of SamsungSAILMontreal/TinyRecursiveModels")
     parser.add_argument("--compile", action="store_true", help="torch.compile the reference loss head, as its pretrain.py does")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -261,6 +275,8 @@ def parse_args(argv: list[str] | None):
             args.settings = with_changes(args.set or [])
         except ValueError as e:
             parser.error(str(e))
+    if problem := not_a_checkout(args.reference_dir):
+        parser.error(problem)
     return args
 
 

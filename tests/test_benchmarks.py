@@ -15,20 +15,46 @@ from utils.checkpoint import safe_load
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def script(name, *argv):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *argv], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+# Runs a script as `python SCRIPT ARGS...` would, then prints whether torch was imported: a script answers a bad
+# command line before it loads torch (seconds on a small machine).
+TORCH_PROBE = """
+import os, runpy, sys
+sys.argv, sys.path[0] = sys.argv[1:], os.path.dirname(sys.argv[1])
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+finally:
+    print("torch loaded:", "torch" in sys.modules)
+"""
+
+
+def refused_in_a_fresh_interpreter(name, *argv):
+    """scripts/``name`` run with ``argv`` under :data:`TORCH_PROBE` in a new process (exit code, stdout, stderr)."""
+    return subprocess.run([sys.executable, "-c", TORCH_PROBE, str(ROOT / "scripts" / name), *argv],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def in_process(main, *argv, capsys):
+    """A script's ``main(argv)`` called in this process, where torch is loaded already (a new interpreter would spend
+    seconds importing it): its exit code and output, as a subprocess would give them."""
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code or 0, captured.out, captured.err)
 
 
 def swiglu_width(hidden, expansion):
     return -(-round(expansion * hidden * 2 / 3) // 256) * 256  # rounded up to a multiple of 256
 
 
-def test_step_benchmark_counts_the_matmul_flops_of_a_training_step_and_prints_its_table():
+def test_step_benchmark_counts_the_matmul_flops_of_a_training_step_and_prints_its_table(capsys):
+    from scripts import benchmark_step
+
     tiny = ["arch.hidden_size=32", "arch.expansion=2", "arch.H_cycles=2", "arch.L_cycles=1", "arch.puzzle_emb_ndim=32",
             "arch.puzzle_emb_len=1"]
-    out = script("benchmark_step.py", "--models", "trm_cpu", "--no-compile", "--rounds", "1", "--warmup", "1",
-                 "--batch-size", "2", "--json", *tiny)
+    out = in_process(benchmark_step.main, "--device", "cpu", "--models", "trm_cpu", "--no-compile", "--rounds", "1",
+                     "--warmup", "1", "--batch-size", "2", "--gemm-size", "64", "--json", *tiny, capsys=capsys)
     assert out.returncode == 0, out.stderr
     rows = {r["model"]: r for r in map(json.loads, (ln for ln in out.stdout.splitlines() if ln.startswith("{")))}
     assert set(rows) == {"trm_cpu"} and rows["trm_cpu"]["batch"] == 2
@@ -46,21 +72,27 @@ def test_step_benchmark_counts_the_matmul_flops_of_a_training_step_and_prints_it
     assert "CPU " in out.stdout and "bf16 features" in out.stdout
 
 
-def test_step_benchmark_profiles_where_a_step_spends_its_time():
-    out = script("benchmark_step.py", "--models", "trm_cpu", "--no-compile", "--profile", "1", "--warmup", "1",
-                 "--batch-size", "2", "arch.hidden_size=32", "arch.H_cycles=2", "arch.L_cycles=1")
+def test_step_benchmark_profiles_where_a_step_spends_its_time(capsys):
+    from scripts import benchmark_step
+
+    out = in_process(benchmark_step.main, "--device", "cpu", "--models", "trm_cpu", "--no-compile", "--profile", "1",
+                     "--warmup", "1", "--batch-size", "2", "arch.hidden_size=32", "arch.H_cycles=2", "arch.L_cycles=1",
+                     capsys=capsys)
     assert out.returncode == 0, out.stderr
     assert "1 profiled steps per model" in out.stdout and "trm_cpu (eager, batch 2):" in out.stdout
     assert "aten::mm" in out.stdout and "| model |" not in out.stdout
 
 
 def test_step_benchmark_rejects_an_unknown_model():
-    out = script("benchmark_step.py", "--models", "gpt")
+    out = refused_in_a_fresh_interpreter("benchmark_step.py", "--models", "gpt")
     assert out.returncode == 2 and out.stderr.startswith("error: --models: unknown gpt")
+    assert out.stdout == "torch loaded: False\n"
 
 
-def test_attention_benchmark_times_each_kernel_and_checks_it_against_float64():
-    out = script("benchmark_attention.py", "--shape", "2,2,9,8", "--rounds", "2", "--warmup", "1")
+def test_attention_benchmark_times_each_kernel_and_checks_it_against_float64(capsys):
+    from scripts import benchmark_attention
+
+    out = in_process(benchmark_attention.main, "--shape", "2,2,9,8", "--rounds", "2", "--warmup", "1", capsys=capsys)
     assert out.returncode == 0, out.stderr
     rows = [ln.split(" | ") for ln in out.stdout.splitlines() if ln.startswith("| SDPA") or ln.startswith("| the")]
     assert [r[0] for r in rows] == ["| SDPA on bf16 (baseline)", "| SDPA on fp32 copies",
@@ -68,13 +100,15 @@ def test_attention_benchmark_times_each_kernel_and_checks_it_against_float64():
     assert rows[0][2] == rows[0][4] == "1.00x"
     assert all(float(r[5]) < 2e-2 and float(r[6].rstrip(" |")) < 5e-2 for r in rows)
     assert "[B, H, S, D] = [2, 2, 9, 8]" in out.stdout and "bf16 features" in out.stdout
-    bad = script("benchmark_attention.py", "--shape", "2,2,9")
+    bad = in_process(benchmark_attention.main, "--shape", "2,2,9", capsys=capsys)
     assert bad.returncode == 2 and "give batch,heads,seq_len,head_dim" in bad.stderr
 
 
-def test_a_step_worker_serves_timed_steps_of_its_own_process_and_counts_its_flops():
+def test_a_step_worker_serves_timed_steps_of_its_own_process_and_counts_its_flops(monkeypatch):
+    from scripts import benchmark_step
     from scripts.benchmark_step import Worker
 
+    monkeypatch.setattr(benchmark_step, "ROUND_S", 1e-3)  # one step a timing, not 2 s of them
     worker = Worker("eager", [str(ROOT / "scripts" / "benchmark_step.py"), "--worker", "--models", "trm_cpu",
                               "--no-compile", "--batch-size", "2", "--warmup", "1", "arch.hidden_size=32",
                               "arch.H_cycles=2", "arch.L_cycles=1"])
@@ -99,18 +133,23 @@ def test_side_by_side_table_gives_the_ceiling_a_step_at_the_gemm_rate_would_reac
     assert table["ceiling vs reference eager"] == "1.60x" and table["reference eager of peak"] == "62%"
 
 
-def test_side_by_side_needs_a_reference_checkout_and_trm_models(tmp_path):
-    out = script("benchmark_step.py", "--reference-dir", str(tmp_path))
+def test_side_by_side_needs_a_reference_checkout_and_trm_models(tmp_path, capsys):
+    from scripts import benchmark_step
+
+    out = in_process(benchmark_step.main, "--reference-dir", str(tmp_path), capsys=capsys)
     assert out.returncode == 2 and "no models/recursive_reasoning/trm.py there" in out.stderr
     (tmp_path / "models" / "recursive_reasoning").mkdir(parents=True)
     (tmp_path / "models" / "recursive_reasoning" / "trm.py").write_text("")
-    out = script("benchmark_step.py", "--reference-dir", str(tmp_path), "--models", "hrm_cpu")
+    out = in_process(benchmark_step.main, "--reference-dir", str(tmp_path), "--models", "hrm_cpu", capsys=capsys)
     assert out.returncode == 2 and "hrm_cpu is not a TRM model" in out.stderr
-    out = script("reference_trm.py", "--reference-dir", str(tmp_path / "nowhere"), "step-worker", "--arch", "{}")
+    out = refused_in_a_fresh_interpreter("reference_trm.py", "--reference-dir", str(tmp_path / "nowhere"),
+                                         "step-worker", "--arch", "{}")
     assert out.returncode == 2 and out.stderr.startswith("error: --reference-dir") and "Traceback" not in out.stderr
+    assert out.stdout == "torch loaded: False\n"
 
 
-def test_reference_settings_changes_are_checked_before_any_work(tmp_path):
+def test_reference_settings_changes_are_checked_before_any_work(tmp_path, capsys):
+    from scripts import reference_trm
     from scripts.reference_trm import REFERENCE_SETTINGS, with_changes
 
     settings = with_changes(["lr=2e-3", "arch.halt_max_steps=16", "arch.pos_encodings=rope"])
@@ -120,8 +159,8 @@ def test_reference_settings_changes_are_checked_before_any_work(tmp_path):
     (data / "train").mkdir(parents=True)
     (data / "train" / "dataset.json").write_text("{}")
     for bad in ("lr", "arch.hiden_size=64", "arch=1"):
-        out = script("reference_trm.py", "--reference-dir", str(tmp_path), "train", "--data-path", str(data),
-                     "--out", str(tmp_path / "curve.json"), "--set", bad)
+        out = in_process(reference_trm.main, "--reference-dir", str(tmp_path), "train", "--data-path", str(data),
+                         "--out", str(tmp_path / "curve.json"), "--set", bad, capsys=capsys)
         assert out.returncode == 2 and f"--set {bad}: give KEY=VALUE" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -161,8 +200,11 @@ def results_file(tmp_path):
     return path
 
 
-def test_quickstart_table_shows_the_last_evaluation_finished_by_each_checkpoint(tmp_path):
-    out = script("benchmark_quickstart.py", "--report", str(results_file(tmp_path)), "--checkpoints", "1,2,3,4.5")
+def test_quickstart_table_shows_the_last_evaluation_finished_by_each_checkpoint(tmp_path, capsys):
+    from scripts import benchmark_quickstart
+
+    out = in_process(benchmark_quickstart.main, "--report", str(results_file(tmp_path)), "--checkpoints", "1,2,3,4.5",
+                     capsys=capsys)
     assert out.returncode == 0, out.stderr
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| ") and "min |" in ln]
     assert rows == ["| 1 min | no eval yet |",            # the first evaluation ended at 70 s
@@ -181,12 +223,14 @@ def test_quickstart_accepts_the_exit_status_of_a_run_it_stopped_at_the_budget():
     assert not finished_as_asked(1, stopped=True) and not finished_as_asked(2, stopped=False)
 
 
-def test_quickstart_bad_input_is_one_error_line(tmp_path):
+def test_quickstart_bad_input_is_one_error_line(tmp_path, capsys):
+    from scripts import benchmark_quickstart
+
     bad = tmp_path / "results.json"
     bad.write_text("{}")
-    out = script("benchmark_quickstart.py", "--report", str(bad))
+    out = in_process(benchmark_quickstart.main, "--report", str(bad), capsys=capsys)
     assert out.returncode == 2 and out.stderr.startswith(f"error: --report {bad}: not a results.json")
-    out = script("benchmark_quickstart.py", "--runs", "GPT")
+    out = in_process(benchmark_quickstart.main, "--runs", "GPT", capsys=capsys)
     assert out.returncode == 2 and "unknown GPT" in out.stderr
 
 
@@ -207,8 +251,9 @@ def test_cape_learning_table_gives_the_ratio_to_the_copy_support_baseline_and_wh
 
 def test_cape_learning_refuses_a_used_output_folder(tmp_path):
     (tmp_path / "old.txt").write_text("keep me")
-    out = script("benchmark_cape_learning.py", "--output-dir", str(tmp_path))
+    out = refused_in_a_fresh_interpreter("benchmark_cape_learning.py", "--output-dir", str(tmp_path))
     assert out.returncode == 2 and f"--output-dir {tmp_path} is not empty" in out.stderr
+    assert out.stdout == "torch loaded: False\n"
     assert (tmp_path / "old.txt").read_text() == "keep me"
 
 

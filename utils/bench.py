@@ -13,9 +13,12 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
+# torch is imported where a batch is made: the step benchmark's scripts check their command lines with this module
+# before torch loads (seconds), so --help and a bad argument are answered at once.
+if TYPE_CHECKING:
+    import torch
 
 SUDOKU = dict(seq_len=81, vocab_size=11, num_puzzle_identifiers=1)  # the data sizes of the benchmark's batch
 PROTOCOL = "@@ "  # marks the step benchmark's lines on a worker's stdout (anything else there is passed on)
@@ -37,6 +40,8 @@ def paired_ratio(times: list[float], baseline: list[float]) -> str:
 def sudoku_batch(batch_size: int, device: torch.device | str = "cpu", seed: int = 0) -> dict[str, torch.Tensor]:
     """A random batch in the Sudoku layout: ``inputs`` [B, 81] int32 tokens 1..10 (1 blank), ``labels`` [B, 81]
     int32 2..10, ``puzzle_identifiers`` [B] int32 zeros. The same ``seed`` gives the same batch in every process."""
+    import torch
+
     gen = torch.Generator().manual_seed(seed)
     labels = torch.randint(2, 11, (batch_size, 81), generator=gen, dtype=torch.int32)
     inputs = torch.where(torch.rand(batch_size, 81, generator=gen) < 0.5, labels, torch.ones_like(labels))
