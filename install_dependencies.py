@@ -44,6 +44,7 @@ import tempfile
 import urllib.request
 import zipfile
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
@@ -310,7 +311,8 @@ def load_requirements(kind: str, repo: Path = REPO, optional_file: Path | None =
 
 @dataclass
 class PlatformInfo:
-    """Everything the plan depends on. Built by :func:`detect_platform`; tests construct it directly."""
+    """Everything the plan depends on. Built by :func:`detect_platform` and :func:`probe_torch_and_sources`; tests
+    construct it directly."""
 
     python: str
     python_version: str
@@ -480,7 +482,9 @@ def _is_rosetta() -> bool:
 
 
 def detect_platform(python: str) -> PlatformInfo:
-    """Probe this machine and the torch inside ``python``.
+    """Probe this machine: OS, Python, GPU, nvcc, RAM and cores. The torch fields stay unset: torch is probed
+    apart (:func:`probe_torch`, then :func:`with_torch`), since importing it takes seconds that a dry run spends
+    asking pip for sources at the same time (:func:`probe_torch_and_sources`).
 
     Raises:
         InstallError: ``python`` cannot be run.
@@ -498,12 +502,17 @@ def detect_platform(python: str) -> PlatformInfo:
         kind, reason = "cuda", nvidia_reason
     else:
         kind, reason = "cpu", f"no NVIDIA GPU: {nvidia_reason}"
-    torch_fields = probe_torch(python)
-    if nvidia.get("compute_capability"):  # nvidia-smi wins; torch's answer covers drivers too old to print it
-        torch_fields.pop("compute_capability", None)
     return PlatformInfo(python=python, python_version=out[1].strip(), system=system, machine=machine, kind=kind,
-                        kind_reason=reason, rosetta=rosetta, **{**nvidia, **torch_fields}, **_detect_nvcc(),
+                        kind_reason=reason, rosetta=rosetta, **nvidia, **_detect_nvcc(),
                         ram_gb=round(_ram_gb(), 1), cpu_count=_cpu_count())
+
+
+def with_torch(info: PlatformInfo, torch_fields: dict) -> PlatformInfo:
+    """``info`` (from :func:`detect_platform`) with the fields :func:`probe_torch` returned; the compute capability
+    nvidia-smi reported wins over torch's, which covers drivers too old to print it."""
+    if info.compute_capability:
+        torch_fields = {k: v for k, v in torch_fields.items() if k != "compute_capability"}
+    return replace(info, **torch_fields)
 
 
 def simulate_platform(info: PlatformInfo, kind: str) -> PlatformInfo:
@@ -638,17 +647,24 @@ def _offers(versions: set[str], version: str) -> bool:
     return version in versions if "+" in version else any(v.partition("+")[0] == version for v in versions)
 
 
-def probe_builds(python: str, wanted: dict[str, str], configured: PipSources) -> dict[str, str]:
+def probe_builds(python: str, wanted: dict[str, str], configured: PipSources,
+                 pair: tuple[str, ...] = ()) -> dict[str, str]:
     """Where each wanted build can be had: "configured" when pip's configured sources list it (labelled builds only:
     a label names one build wherever it lies, a bare version may be a CUDA build there), else its PyTorch index
-    when that index alone lists it. Builds found nowhere are left out."""
-    found = {}
+    when that index alone lists it. Builds found nowhere are left out, and so are the builds of ``pair`` after the
+    first of them that is found nowhere: the pair installs from one source (:func:`pair_install`), so no answer
+    about the other could change the plan, and each answer is a pip run of about a second."""
+    found, pair_ruled_out = {}, False
     for build, index in wanted.items():
+        if pair_ruled_out and build in pair:
+            continue
         name, _, version = build.partition("==")
         if "+" in version and version in pip_versions(python, name):
             found[build] = "configured"
         elif _offers(pip_versions(python, name, PipSources((index,), network=configured.network)), version):
             found[build] = index
+        elif build in pair:
+            pair_ruled_out = True
     return found
 
 
@@ -718,21 +734,41 @@ def probe_local_pair(python: str, local: PipSources, pins: list[str]) -> dict | 
 
 
 def probe_sources(info: PlatformInfo, reqs: RequirementSet, fresh: bool) -> PlatformInfo:
-    """``info`` with ``build_sources`` and ``local_pair`` filled in for the builds the plan depends on
-    (:func:`wanted_builds`); pip is asked nothing when there are none. The local copy is looked for only when no
-    index offers the CPU builds of the pair."""
+    """``info`` with the sources of the builds the plan depends on (:func:`wanted_builds`) added to
+    ``build_sources``, and ``local_pair`` filled in when the pair is wanted; pip is asked nothing when there are
+    none. The local copy is looked for only when no index offers the CPU builds of the pair."""
     wanted = wanted_builds(info, reqs, fresh)
     if not wanted:
         return info
     print("Asking pip where it can get " + ", ".join(wanted), flush=True)
     configured = configured_sources(info.python)
-    found = probe_builds(info.python, wanted, configured)
-    pair, local = cpu_pair(info, reqs), None
+    pair = cpu_pair(info, reqs)
+    kept = wanted_builds(info, reqs, fresh=False)  # a kept torch's torchvision: asked about whatever the pair's fate
+    found = info.build_sources | probe_builds(info.python, wanted, configured, tuple(b for b in pair if b not in kept))
     if all(build in wanted for build in pair) and not all(build in found for build in pair):
         print("  the CPU builds are not offered; looking for a local copy of the pinned pair (a dry run)", flush=True)
-        local = probe_local_pair(info.python, configured.local(), [f"{r.name}=={r.specs[0][1]}"
-                                                                   for r in (reqs.torch, reqs.torchvision)])
-    return replace(info, build_sources=found, local_pair=local)
+        pins = [f"{r.name}=={r.specs[0][1]}" for r in (reqs.torch, reqs.torchvision)]
+        info = replace(info, local_pair=probe_local_pair(info.python, configured.local(), pins))
+    return replace(info, build_sources=found)
+
+
+def probe_torch_and_sources(machine: PlatformInfo, reqs: RequirementSet, dry_run: bool) -> PlatformInfo:
+    """``machine`` (from :func:`detect_platform`) with its torch probed (:func:`probe_torch`) and the sources of the
+    builds the plan depends on (:func:`probe_sources`).
+
+    A dry run shows a fresh install's command whatever torch is there, so the pair's sources do not depend on the
+    torch probe: pip is asked for them while the probe imports torch and torchvision (seconds each way), and only
+    a kept torch's torchvision, which the probe decides, is asked for afterwards. A real run wants the pair only
+    when there is no torch, so it asks after the probe.
+    """
+    if not dry_run:
+        info = with_torch(machine, probe_torch(machine.python))
+        return probe_sources(info, reqs, fresh=info.torch_version is None)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        torch_fields = pool.submit(probe_torch, machine.python)
+        info = probe_sources(machine, reqs, fresh=True)
+        info = with_torch(info, torch_fields.result())
+    return probe_sources(info, reqs, fresh=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1659,7 +1695,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             info = simulate_platform(info, args.platform)
         reqs = load_requirements(info.kind, args.requirements_dir, args.optional)
-        info = probe_sources(info, reqs, fresh=args.dry_run or info.torch_version is None)
+        info = probe_torch_and_sources(info, reqs, args.dry_run)
         if not (args.dry_run or args.no_cuda_extras):
             info = probe_build_requires(info, reqs)
         plan = make_plan(info, reqs, installed_versions(args.python), cuda_extras=not args.no_cuda_extras)

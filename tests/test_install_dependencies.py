@@ -20,6 +20,7 @@ import site
 import subprocess
 import sys
 import tarfile
+import time
 import tracemalloc
 import zipfile
 from pathlib import Path
@@ -249,6 +250,66 @@ def test_probe_builds_trusts_configured_sources_for_labelled_builds_only(monkeyp
             and ("torch", None, None) in asked), "the index is asked alone, with the configured certificates"
 
 
+def _asked_sources(monkeypatch, listings: dict) -> list:
+    """Stub pip for :func:`inst.probe_sources`: ``pip index versions`` answers from ``listings`` ((name, index or
+    "configured") -> versions), pip's configuration is PyPI alone, and the local copy is :data:`LOCAL_PAIR`. Returns
+    the list that records each question, as (name, index or "configured"), and "local pair"."""
+    asked = []
+
+    def versions(python, name, sources=None):
+        asked.append((name, sources.indexes[0] if sources else "configured"))
+        return listings.get(asked[-1], set())
+
+    monkeypatch.setattr(inst, "pip_versions", versions)
+    monkeypatch.setattr(inst, "configured_sources", lambda python: inst.PipSources((inst.PYPI_INDEX,)))
+    monkeypatch.setattr(inst, "probe_local_pair", lambda python, local, pins: asked.append("local pair") or LOCAL_PAIR)
+    return asked
+
+
+def test_a_pair_build_found_nowhere_rules_out_the_indexes_without_asking_about_the_other(monkeypatch):
+    index, reqs = inst.PYTORCH_CPU_INDEX, inst.load_requirements("cpu")
+    asked = _asked_sources(monkeypatch, {("torchvision", index): {f"{V}+cpu"}})
+    info = inst.probe_sources(make_info(**FRESH), reqs, fresh=True)
+    # the pair installs from one source: once torch's CPU build is nowhere, torchvision's answer cannot matter
+    assert asked == [("torch", "configured"), ("torch", index), "local pair"]
+    assert info.build_sources == {} and info.local_pair == LOCAL_PAIR
+    assert inst.pair_install(info, reqs)[0] == [PY, "-m", "pip", "install", *LOCAL_PAIR["files"]]
+    # a kept torch 2.14.1+cpu without torchvision needs torchvision==0.29.1+cpu itself: it is asked about all the same
+    asked.clear()
+    info = inst.probe_sources(make_info(torch_version=f"{T}+cpu", torchvision_version=None), reqs, fresh=True)
+    assert asked == [("torch", "configured"), ("torch", index), ("torchvision", "configured"), ("torchvision", index),
+                     "local pair"]
+    assert info.build_sources == {CPU_BUILDS[1]: index}
+    assert "torchvision==0.29.1+cpu" in pip_installs(plan_for(info))[0]
+
+
+def test_a_dry_run_asks_pip_for_the_pair_while_torch_is_probed_and_for_a_kept_torchs_torchvision_after(
+        monkeypatch, capsys):
+    index = inst.PYTORCH_CPU_INDEX
+    asked = _asked_sources(monkeypatch, {("torchvision", index): {"0.28.0+cpu"}})
+    machine = make_info(torch_version=None, torchvision_version=None)
+    kept = make_info(torch_version="2.13.0+cpu", torchvision_version=None)  # its torchvision, 0.28.0+cpu, is missing
+
+    def probe_torch(python):
+        # A bounded wait: the pair's sources (the local copy comes last) are asked while torch is being imported.
+        deadline = time.monotonic() + 60
+        while "local pair" not in asked:
+            assert time.monotonic() < deadline, "pip was not asked for the pair while torch was probed"
+            time.sleep(0.01)
+        asked.append("torch probe")
+        return {f.name: getattr(kept, f.name) for f in dataclasses.fields(kept) if f.name.startswith("torch")}
+
+    monkeypatch.setattr(inst, "detect_platform", lambda python: dataclasses.replace(machine, python=python))
+    monkeypatch.setattr(inst, "probe_torch", probe_torch)
+    monkeypatch.setattr(inst, "installed_versions", lambda python: ALL_BASE)
+    assert inst.main(["--dry-run"]) == 0
+    assert asked == [("torch", "configured"), ("torch", index), "local pair", "torch probe",
+                     ("torchvision", "configured"), ("torchvision", index)]
+    out = capsys.readouterr().out
+    assert f"keep torch 2.13.0+cpu (a fresh install would run: {sys.executable} -m pip install /opt/wheels/" in out
+    assert f"-m pip install --extra-index-url {index} -c '<constraints.txt>' torchvision==0.28.0+cpu\n" in out
+
+
 # ---- plans with a kept torch: the matching torchvision ----------------------------------------------
 
 def test_rerun_with_everything_in_place_plans_no_pip_install():
@@ -342,6 +403,7 @@ def test_build_requirements_read_from_the_source_distribution_win_over_the_list(
 def test_dry_run_for_cuda_shows_setuptools_scm_before_the_adam_atan2_build(monkeypatch, capsys):
     # On a CPU machine (as CI's), --dry-run --platform cuda: the preflight cannot pass, and says what would go first.
     monkeypatch.setattr(inst, "detect_platform", lambda python: make_info(python=python))
+    monkeypatch.setattr(inst, "probe_torch", lambda python: {"torch_version": T, "torchvision_version": V})
     monkeypatch.setattr(inst, "installed_versions", lambda python: ALL_BASE)
     monkeypatch.setattr(inst, "probe_sources", lambda info, reqs, fresh: info)
     assert inst.main(["--dry-run", "--platform", "cuda"]) == 0
