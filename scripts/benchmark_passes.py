@@ -50,11 +50,16 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--segments", type=int, default=4, help="segments a rollout (default: 4, the card's)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each way, interleaved (default: 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
+    parser.add_argument("--min-seconds", type=float, default=1.0, metavar="S",
+                        help="each measurement, and the GEMM's, repeats its work for at least S seconds: shorter is "
+                             "noisier (default: 1.0)")
     args = parser.parse_args(argv)
     for flag in ("segments", "repeats", "threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag} {value} is out of range: at least 1")
+    if not 0 < args.min_seconds <= 600:
+        parser.error(f"--min-seconds {args.min_seconds} is out of range: more than 0, at most 600")
     return args
 
 
@@ -75,12 +80,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         trained = open_model(args.checkpoint, "sudoku", 81, 1, cpu, torch.float32)
         tokens = torch.from_numpy(parse_sudoku(args.sudoku, "--sudoku").astype("int32"))[None]
         print(machine_line(cpu))
-        print(f"fp32 GEMM 1024^3, this run: {matmul_rate(cpu, torch.float32, seconds=1.0) / 1e9:.0f} GFLOP/s; "
-              f"model: {trained.path.name}, {args.segments} segments a rollout")
+        rate = matmul_rate(cpu, torch.float32, seconds=args.min_seconds)
+        print(f"fp32 GEMM 1024^3, this run: {rate / 1e9:.0f} GFLOP/s; model: {trained.path.name}, {args.segments} "
+              "segments a rollout")
         print(f"\n| rollouts K | {' | '.join(f'{way} (passes/s)' for way in WAYS)} | now / before | answers agree |")
         print(f"|---:|{'---:|' * len(WAYS)}---:|---|")
         for k in args.rollouts:
-            rates, agree = measure(trained, tokens, k, args.segments, args.repeats)
+            rates, agree = measure(trained, tokens, k, args.segments, args.repeats, args.min_seconds)
             before, now = rates[next(iter(WAYS))], rates[list(WAYS)[-1]]
             print(f"| {k} | {' | '.join(f'{r:.1f}' for r in rates.values())} | {now / before:.2f}x | "
                   f"{'yes' if agree else 'NO'} |", flush=True)
@@ -89,7 +95,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     return cli_main(run)
 
 
-MIN_SECONDS = 1.0  # each measurement repeats its work for at least this long
 WAYS = {  # name: (ROLLOUT_ROWS, CPU_TOKENS_PER_CALL) of utils/eval/reasoning.py, SwiGLU in place without autograd
     "one rollout a call (before)": (1, 10**9, False),
     "all K in one call": (1024, 10**9, True),
@@ -105,9 +110,10 @@ def out_of_place_swiglu(self, x):
     return self.down_proj(F.silu(gate) * up)
 
 
-def measure(trained, tokens, k: int, segments: int, repeats: int) -> tuple[dict[str, float], bool]:
-    """Median passes a second of ``k`` rollouts of ``tokens`` [1, 81] in each of :data:`WAYS`, and whether all
-    ways give the same answers."""
+def measure(trained, tokens, k: int, segments: int, repeats: int,
+            min_seconds: float) -> tuple[dict[str, float], bool]:
+    """Median passes a second of ``k`` rollouts of ``tokens`` [1, 81] in each of :data:`WAYS`, each timed over at
+    least ``min_seconds`` (short runs carry the clock's noise), and whether all ways give the same answers."""
     import torch
 
     from models.layers import SwiGLU
@@ -125,7 +131,7 @@ def measure(trained, tokens, k: int, segments: int, repeats: int) -> tuple[dict[
                 reasoning.ROLLOUT_ROWS, reasoning.CPU_TOKENS_PER_CALL = (rows or own[0], tokens_per_call or own[1])
                 SwiGLU.forward = own[2] if in_place else out_of_place_swiglu
                 start, runs = time.perf_counter(), 0
-                while not runs or time.perf_counter() - start < MIN_SECONDS:  # short runs: the clock's noise
+                while not runs or time.perf_counter() - start < min_seconds:
                     answers[way] = list(reasoning.rollouts(trained.head, trained.head, batch, ttc))
                     runs += 1
                 rates[way].append(runs * k * segments / (time.perf_counter() - start))

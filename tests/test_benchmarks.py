@@ -280,3 +280,13 @@ def test_campaign5_p23_test_time_counts_that_are_not_counts_are_one_line(tmp_pat
     assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     assert f"argument {flag}: " in err and ("give a whole number of 1 or more" in err or
                                             "give whole numbers of 1 or more" in err), err
+
+
+@pytest.mark.parametrize("flags,fragment", [(["--min-seconds", "0"], "--min-seconds 0.0 is out of range"),
+                                            (["--repeats", "0"], "--repeats 0 is out of range"),
+                                            (["--rollouts", "0"], "give rollout counts from 1 to 1024")])
+def test_passes_benchmark_refuses_a_bad_setting_in_one_line(capsys, flags, fragment):
+    from scripts import benchmark_passes
+
+    out = in_process(benchmark_passes.main, *flags, capsys=capsys)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and fragment in out.stderr, out.stderr
