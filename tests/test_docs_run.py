@@ -7,7 +7,8 @@ that several pages give with the same inputs runs once in the session; the later
 A command runs as written, or in a smoke form that only adds to it (:func:`smoke`), on the CPU:
 
 - a training recipe (``pretrain.py``, ``torchrun``) runs through its real data build at tiny sizes, then one
-  optimizer step or two, an evaluation of a few puzzles and a checkpoint (:data:`TINY_RUN`, :data:`TINY_BUILD`);
+  optimizer step or two, an evaluation of a few puzzles and a checkpoint (:data:`TINY_RUN`, :data:`TINY_BUILD`; a
+  model of the papers' width on a narrow one, :data:`NARROW`);
 - a builder runs at tiny sizes; ``evaluate.py`` scores a few puzzles; ``solve.py`` answers with the shipped models
   (``--serve`` is started, asked for its models and stopped with Ctrl-C); ``reproduce.py`` runs its dry runs;
 - ``./START_CAPE_TRAINING.sh`` trains one tiny epoch on a small synthetic MP-100 put where the script looks for it.
@@ -63,12 +64,25 @@ TINY_FLAGS = {"scripts/build_sudoku_dataset.py": ["--train-size", "4", "--test-s
               "scripts/reproduce.py": [],
               "scripts/benchmark_test_time.py": ["--device", "cpu", "--max-examples", "2", "--batch-size", "2",
                                                  "--segments", "2,4", "--rollouts", "1,2"],
-              "scripts/benchmark_passes.py": ["--rollouts", "1,2", "--segments", "1", "--repeats", "1"]}
+              "scripts/benchmark_passes.py": ["--rollouts", "1,2", "--segments", "1", "--repeats", "1",
+                                                 "--min-seconds", "0.05"]}
 SERVE_ADDED = ["--port", "0", "--device", "cpu"]  # a free port: 8000 may be taken
 CAPE_TINY = ["--model", "capeformer_lite", "--hidden_dim", "32", "--num_heads", "4", "--image_size", "64", "--device",
              "cpu", "--shots", "1", "--queries", "2", "--eval_queries", "2", "--val_episodes_per_category", "1",
              "--test_episodes_per_category", "1", "--batch_size", "1", "--accumulation_steps", "1", "--num_workers",
              "0", "--epochs", "1", "--episodes_per_epoch", "2", "--lr_warmup_steps", "1"]
+
+
+# The papers' models (7-27M parameters, 512 wide; 900-token ARC and maze grids) take seconds to minutes a step on a
+# CPU and write hundreds of MB a checkpoint: the recipe's every other setting runs, on a narrow model. reproduce.py
+# --dry-run, which the docs run, builds each published recipe's full model and times its steps.
+NARROW = ["arch.hidden_size=32", "arch.num_heads=2", "arch.expansion=2", "arch.L_layers=1", "arch.H_layers=1"]
+PAPER_WIDTH = 512
+
+
+def narrowed(cfg) -> list[str]:
+    """:data:`NARROW`, with the puzzle embedding's width where the recipe has one."""
+    return NARROW + (["arch.puzzle_emb_ndim=32"] if cfg.arch.get("puzzle_emb_ndim", 0) else [])
 
 
 @dataclass(frozen=True)
@@ -174,11 +188,13 @@ def recipe_of(args: list[str]) -> tuple[str, list[str]]:
 
 
 def tiny_training(args: list[str]) -> list[str]:
-    """What a ``pretrain.py`` command gets added: :data:`TINY_RUN`, and :data:`TINY_BUILD` for each size its recipe's
-    ``dataset_builder`` sets (as the command leaves it)."""
+    """What a ``pretrain.py`` command gets added: :data:`TINY_RUN`, :data:`TINY_BUILD` for each size its recipe's
+    ``dataset_builder`` sets (as the command leaves it), and :func:`narrowed` for a model of the papers' width."""
     name, overrides = recipe_of(args)
-    builder = recipe_config(name, overrides).dataset_builder or {}
-    return TINY_RUN + [f"dataset_builder.{k}={v}" for k, v in TINY_BUILD.items() if k in builder]
+    cfg = recipe_config(name, overrides)
+    builder = cfg.dataset_builder or {}
+    narrow = narrowed(cfg) if cfg.arch["hidden_size"] >= PAPER_WIDTH else []
+    return TINY_RUN + [f"dataset_builder.{k}={v}" for k, v in TINY_BUILD.items() if k in builder] + narrow
 
 
 def smoke(target: str, args: list[str]) -> list[str]:
@@ -454,10 +470,6 @@ def started_by_the_docs() -> frozenset[str]:
 
 
 RECIPES = sorted(p.stem for p in CONFIG_DIR.glob("cfg_*.yaml"))
-# The GPU recipes' models (7-27M parameters, 900-token ARC and maze grids) take minutes a step on a CPU: the
-# recipe's every other setting runs, on a narrow model. reproduce.py --dry-run, which the docs run, builds each
-# published recipe's full model and times its steps.
-NARROW = ["arch.hidden_size=32", "arch.num_heads=2", "arch.expansion=2", "arch.L_layers=1", "arch.H_layers=1"]
 
 
 @pytest.fixture(scope="session")
@@ -483,7 +495,7 @@ def test_every_recipe_starts(recipe, tmp_path, tiny_kinds, record_property, monk
         return
     cfg = recipe_config(recipe)
     kind = next(k for k in ("maze", "arc", "sudoku") if k in (cfg.data_paths or [cfg.data_path])[0])
-    narrow = NARROW + (["arch.puzzle_emb_ndim=32"] if cfg.arch.get("puzzle_emb_ndim", 0) else [])
+    narrow = narrowed(cfg)
     import pretrain
 
     monkeypatch.chdir(tmp_path)
