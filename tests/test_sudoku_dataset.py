@@ -20,27 +20,38 @@ REPO = Path(__file__).resolve().parents[1]
 MIN_BLANKS = 50
 
 
+UNITS = [(i // 9, 9 + i % 9, 18 + i // 27 * 3 + i % 9 // 3) for i in range(81)]  # each cell's row, column, box
+
+
 def plain_count(grid, limit=2):
-    """Independent solution counter: backtracking on the cell with the fewest candidates."""
+    """Independent solution counter: backtracking on the cell with the fewest candidates (the digits no digit in its
+    row, column or box uses; each unit's digits kept as a bit mask)."""
     g = [int(d) for d in grid]
+    used = [0] * 27
+    for i, d in enumerate(g):
+        for u in UNITS[i]:
+            used[u] |= 1 << d if d else 0
 
     def candidates(i):
-        r, c = divmod(i, 9)
-        br, bc = r // 3 * 3, c // 3 * 3
-        used = {g[r * 9 + k] for k in range(9)} | {g[k * 9 + c] for k in range(9)}
-        used |= {g[(br + a) * 9 + bc + b] for a in range(3) for b in range(3)}
-        return [d for d in range(1, 10) if d not in used]
+        r, c, b = UNITS[i]
+        taken = used[r] | used[c] | used[b]
+        return [d for d in range(1, 10) if not taken >> d & 1]
 
     def recurse():
         empties = [i for i in range(81) if g[i] == 0]
         if not empties:
             return 1
         i, options = min(((i, candidates(i)) for i in empties), key=lambda t: len(t[1]))
+        before = [used[u] for u in UNITS[i]]
         total = 0
         for d in options:
             g[i] = d
+            for u in UNITS[i]:
+                used[u] |= 1 << d
             total += recurse()
             g[i] = 0
+            for u, mask in zip(UNITS[i], before):
+                used[u] = mask
             if total >= limit:
                 break
         return total
