@@ -168,7 +168,8 @@ def missing_input(words: list[str], copy: Path) -> Optional[Cannot]:
 # ---- the copy and the tiny data ------------------------------------------------------------------------------------
 
 def fresh_copy(where: Path) -> Path:
-    """The repository as a fresh clone has it (its tracked and unignored files), copied to ``where``."""
+    """The repository as a fresh clone has it (its tracked and unignored files), copied to ``where``, with one cache:
+    numba's machine code for the Sudoku searches (:func:`copy_numba_cache`)."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
                             check=True).stdout.decode().split("\0")
     for name in filter(None, listed):
@@ -176,7 +177,20 @@ def fresh_copy(where: Path) -> Path:
         if source.is_file():
             (where / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, where / name)
+    copy_numba_cache(where)
     return where
+
+
+def copy_numba_cache(where: Path) -> None:
+    """Copy numba's cache files (``__pycache__/*.nbi``, ``*.nbc``) that this session has written so far into the copy
+    ``where``. Numba keys its cache by the source file's folder, so a process started in a copy (torchrun, a shell
+    script) would compile the searches again, about 10 s of CPU; an in-process command already uses this checkout's
+    modules. The copy's sources keep their modification times (:func:`shutil.copy2`), which is what numba checks a
+    cache entry against. The first compilation on a fresh clone is tests/numba_cache.py's, at the session's start."""
+    for cached in ROOT.glob("utils/**/__pycache__/*.nb[ic]"):
+        target = where / cached.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(cached, target)
 
 
 # ---- smoke forms -----------------------------------------------------------------------------------------------------
