@@ -354,7 +354,7 @@ def test_polynomial_atan2_accuracy_and_special_values():
 
 
 @pytest.mark.slow
-def test_compiled_update_matches_reference_without_recompiling(caplog):
+def test_compiled_update_matches_reference_without_recompiling(caplog, scalar_cpu_kernels):
     """fp32 (polynomial atan2), bf16 (fp32 math, rounded store) and fp64 (library atan2), lr changing each step."""
     from torch._dynamo.utils import counters
 

@@ -448,7 +448,7 @@ def test_a_training_segment_compiles_as_one_graph(over):
 
 
 @pytest.mark.slow
-def test_compiled_training_step_matches_eager():
+def test_compiled_training_step_matches_eager(scalar_cpu_kernels):
     cfg = tiny_config(mlp_t=True, pos_encodings="none", halt_exploration_prob=0.5, H_cycles=2, L_layers=1)
     batch = tiny_batch(cfg)
     results = []
