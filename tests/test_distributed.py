@@ -103,11 +103,10 @@ def test_global_batch_must_divide_by_world_size(sudoku_dir, tmp_path, monkeypatc
     """The check, in this process as rank 0 of two: a one-process gloo group stands in for the job's (rank 0's
     settings broadcast to itself). How a torchrun job ends on one rank's error is the crashing-rank test's."""
     import pretrain
-    from utils.distributed import Dist
-    from utils.run import main as run_main
+    from utils import distributed
 
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    monkeypatch.setattr(run_main, "init_distributed", lambda: Dist(rank=0, world_size=2, local_rank=0))
+    monkeypatch.setattr(distributed, "init_distributed", lambda: distributed.Dist(rank=0, world_size=2, local_rank=0))
     try:
         code = pretrain.main([*common(sudoku_dir), "global_batch_size=31", f"checkpoint_path={tmp_path / 'run'}"])
     finally:

@@ -14,24 +14,25 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-import torch.distributed as dist
-
-from utils.distributed import Dist, init_distributed
 from utils.errors import RunFailure, UserError
 from utils.run.stop import GracefulStop, StoppedAtOnce, signal_exit_code
+
+if TYPE_CHECKING:
+    from utils.distributed import Dist
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
-def setup_logging(rank: Dist = Dist()) -> None:
-    """One logging set-up for every entry point: INFO on rank 0, warnings only on the other ranks.
+def setup_logging(rank: Dist | None = None) -> None:
+    """One logging set-up for every entry point: INFO on rank 0 (or with no ``rank``: a single process), warnings
+    only on the other ranks.
 
     The handler is added only when the root logger has none (a test harness may have its own).
     """
     logging.basicConfig(format=LOG_FORMAT, datefmt="%H:%M:%S")
-    logging.getLogger().setLevel(logging.INFO if rank.is_main else logging.WARNING)
+    logging.getLogger().setLevel(logging.INFO if rank is None or rank.is_main else logging.WARNING)
 
 
 def one_line(error: Exception) -> str:
@@ -48,9 +49,9 @@ def one_line(error: Exception) -> str:
     return " ".join(message.split("\n"))
 
 
-def report_error(error: Exception, rank: Dist = Dist()) -> int:
+def report_error(error: Exception, rank: Dist | None = None) -> int:
     """Print ``error`` as one line on stderr (prefixed with the rank under torchrun); return its exit code."""
-    where = f"[rank {rank.rank}] " if rank.world_size > 1 else ""
+    where = f"[rank {rank.rank}] " if rank is not None and rank.world_size > 1 else ""
     print(f"{where}error: {one_line(error)}", file=sys.stderr, flush=True)
     return error.exit_code
 
@@ -110,6 +111,11 @@ def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
     ``body(rank, stopper)`` returns the exit code. Under torchrun the ranks leave together (a rank that
     exits while rank 0 still writes aborts in gloo's teardown).
     """
+    # Imported here, not with the module: cli_main's commands (the builders, --help) need no torch (about 2 s).
+    import torch.distributed as dist
+
+    from utils.distributed import init_distributed
+
     rank = init_distributed()
     setup_logging(rank)
     try:
