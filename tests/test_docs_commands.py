@@ -18,6 +18,7 @@ import re
 import runpy
 import shlex
 import sys
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -79,7 +80,10 @@ def help_text(target: str) -> str:
     argv = sys.argv
     sys.argv = [target, "--help"]
     try:
-        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit), warnings.catch_warnings():
+            # A module another test imported runs again here as __main__; `python -m` in a fresh process would not
+            # find it already loaded, so runpy's warning about that is this stand-in's, not the command's.
+            warnings.filterwarnings("ignore", "'.*' found in sys.modules after import of package", RuntimeWarning)
             if target.startswith("-m "):
                 runpy.run_module(target[3:], run_name="__main__", alter_sys=False)
             else:
