@@ -23,6 +23,7 @@ wait (the fastest of three, as its threads wake from idle); the ratios are media
     python scripts/benchmark_step.py --device cuda                     # each recipe's own batch
     python scripts/benchmark_step.py --models trm_cpu --no-compile arch.hidden_size=64   # arch overrides
     python scripts/benchmark_step.py --reference-dir ../TinyRecursiveModels        # trm_cpu and trm_mlp, side by side
+    python scripts/benchmark_step.py --device cuda --models hrm_v1,trm_mlp,trm_att --profile 10   # where the time goes
 """
 
 from __future__ import annotations
@@ -331,26 +332,23 @@ def serve_worker(args) -> int:
 
 
 def profile_model(name: str, arch: dict, batch_size: int, device: torch.device, dtype: torch.dtype, args) -> str:
-    """``args.profile`` steps of one model under torch.profiler after the warm-up; returns the operators by
-    their own (self) time, the top 25, as torch.profiler's table, headed by the model and the step time."""
-    import torch
+    """``args.profile`` steps of one model under torch.profiler after the warm-up; returns where the step's time
+    goes (utils/step_profile.py: kernels by time, the GEMM share, launch gaps, host syncs), headed by the model and
+    the step time. On a CPU the compiled step's C++ kernels are recorded one by one (inductor's
+    ``cpp.enable_kernel_profile``), so they appear by name as a GPU's kernels do."""
+    import torch._inductor.config as inductor
 
-    trainer = Trainer(arch, batch_size, device, dtype)
-    forward = trainer.forward(compiled=not args.no_compile)
-    for _ in range(args.warmup):
-        trainer.step(forward)
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA]
-                                                           if device.type == "cuda" else [])
-    with torch.profiler.profile(activities=activities) as prof:
-        begin = time.perf_counter()
-        for _ in range(args.profile):
+    from utils.step_profile import label, profiled_steps
+
+    with inductor.patch({"cpp.enable_kernel_profile": device.type == "cpu"}):
+        trainer = Trainer(arch, batch_size, device, dtype)
+        forward = trainer.forward(compiled=not args.no_compile)
+        for _ in range(args.warmup):
             trainer.step(forward)
-        synchronizer(device)()
-        seconds = (time.perf_counter() - begin) / args.profile
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+        profile, seconds = profiled_steps(lambda: trainer.step(forward), args.profile, device, synchronizer(device))
     mode = "eager" if args.no_compile else "compiled"
-    return (f"\n{name} ({mode}, batch {batch_size}): {seconds:.3f} s per step under the profiler\n"
-            + prof.key_averages().table(sort_by=sort, row_limit=25, max_name_column_width=60))
+    return (f"\n{name} ({mode}, batch {batch_size}, {str(dtype).removeprefix('torch.')}): {seconds * 1e3:.1f} ms per "
+            f"step under the profiler\n" + profile.report(label(device)))
 
 
 def format_table(rows: list[dict]) -> str:
@@ -396,7 +394,8 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--json", action="store_true", help="also print each row as one JSON line")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="instead of the table: N compiled steps (eager with --no-compile) of each model under "
-                             "torch.profiler, and the operators that took the most time")
+                             "torch.profiler, and where their time goes: kernels by time, the GEMM and attention "
+                             "shares, the gaps between kernels, the host syncs with the line that causes each")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="settings applied to every recipe, e.g. arch.hidden_size=64")
     args = parser.parse_args(argv)
     args.models = args.models or ",".join(REFERENCE_MODELS if args.reference_dir else MODELS)

@@ -79,8 +79,13 @@ def test_step_benchmark_profiles_where_a_step_spends_its_time(capsys):
                      "--warmup", "1", "--batch-size", "2", "arch.hidden_size=32", "arch.H_cycles=2", "arch.L_cycles=1",
                      capsys=capsys)
     assert out.returncode == 0, out.stderr
-    assert "1 profiled steps per model" in out.stdout and "trm_cpu (eager, batch 2):" in out.stdout
-    assert "aten::mm" in out.stdout and "| model |" not in out.stdout
+    assert "1 profiled steps per model" in out.stdout and "trm_cpu (eager, batch 2, float32): " in out.stdout
+    report = out.stdout[out.stdout.index("trm_cpu (eager"):].splitlines()
+    assert report[1].startswith("  CPU busy ") and report[2].startswith("  GEMM ")  # utils/step_profile.py's findings
+    # AdamATan2 reads each tensor's step count on the host: a CPU tensor's, so no GPU would wait for it
+    assert report[3].startswith("  value reads per step: ") and "at utils/optimizer_utils.py:" in report[4]
+    kernels = report[report.index("    share  ms/step  calls/step  name") + 1:]
+    assert any(line.endswith(" aten::mm") for line in kernels) and "| model |" not in out.stdout
 
 
 def test_step_benchmark_rejects_an_unknown_model():
