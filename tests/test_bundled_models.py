@@ -7,7 +7,6 @@ tests/test_bundling.py."""
 import hashlib
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch

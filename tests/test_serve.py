@@ -145,7 +145,9 @@ def test_another_web_page_cannot_drive_it(server):
     assert call(server, "GET", "/api/models", headers={"Host": f"localhost:{port}"})[0] == 200
 
 
-def test_solve_py_serve_prints_its_address_serves_and_stops_on_ctrl_c(sudoku_run, tmp_path):  # noqa: F811
+def test_solve_py_serve_prints_its_address_serves_and_stops_on_sigterm(sudoku_run, tmp_path):  # noqa: F811
+    """SIGTERM, as a service manager stops it: "stopped" and 0 with no solve under way, as Ctrl-C gives (Ctrl-C is
+    tests/test_docs_run.py's, during a solve campaign 4 p06's)."""
     command = [sys.executable, "solve.py", "--serve", "--port", "0", "--device", "cpu", "--checkpoint",
                str(sudoku_run), "--out", str(tmp_path / "out")]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -158,7 +160,7 @@ def test_solve_py_serve_prints_its_address_serves_and_stops_on_ctrl_c(sudoku_run
         models = json.loads(connection.getresponse().read())["models"]
         assert models[-1]["label"].startswith(str(sudoku_run)) and len(models) == int(found[2])
     finally:
-        process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
     assert process.returncode == 0 and out.strip() == "stopped" and "Traceback" not in err, err
 

@@ -62,7 +62,7 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def _sigterm_as_ctrl_c() -> Iterator[None]:
+def sigterm_as_ctrl_c() -> Iterator[None]:
     """Within the block, SIGTERM raises :class:`Terminated` in this process, unless the command handles SIGTERM
     itself (scripts/check_gpu.py) or this is not the main thread (where no handler can be set). A process forked
     within (a pool worker) inherits the handler, and ends of the signal as it would without it."""
@@ -93,7 +93,7 @@ def cli_main(body: Callable[[], int | None]) -> int:
     under a file's name; a staging folder or temporary directory is removed as the stop unwinds)."""
     setup_logging()
     try:
-        with _sigterm_as_ctrl_c():
+        with sigterm_as_ctrl_c():
             return body() or 0
     except (UserError, RunFailure) as e:
         return report_error(e)

@@ -55,7 +55,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -70,7 +69,7 @@ import torch
 from utils.data.arc import tokens_to_grid
 from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku, parse_maze, parse_sudoku
 from utils.errors import RunFailure, UserError
-from utils.run.main import one_line
+from utils.run.main import Terminated, one_line, sigterm_as_ctrl_c
 from utils.run.stop import signal_exit_code
 from utils.train.arc_adapt import adapt_and_answer, task_from_json
 from utils.eval.anytime import Spent, anytime_compute, protocol, solve_anytime
@@ -838,14 +837,6 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         raise UserError(bind_advice(args.host, args.port, e)) from None
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived while serving (raised like KeyboardInterrupt, so nothing on the way catches it)."""
-
-
-def _terminate(signum, frame) -> None:
-    raise Terminated
-
-
 def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, out: Path) -> int:
     """``solve.py --serve``: serve the page until Ctrl-C (or SIGTERM).
 
@@ -857,16 +848,14 @@ def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, ou
         print(f"warning: {server.access.warning}", file=sys.stderr, flush=True)
     count = len(server.solver.models)
     print(f"the page: {server.url} ({count} model{'s' * (count != 1)}; Ctrl-C stops it)", flush=True)
-    previous = signal.signal(signal.SIGTERM, _terminate)
     signum = signal.SIGINT
     try:
-        server.serve_forever()
+        with sigterm_as_ctrl_c():
+            server.serve_forever()
+    except Terminated:  # a KeyboardInterrupt: caught first
+        signum = signal.SIGTERM
     except KeyboardInterrupt:
         pass
-    except Terminated:
-        signum = signal.SIGTERM
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return stop_serving(server, signum)
 
 
@@ -887,7 +876,7 @@ def stop_serving(server: PageServer, signum: int) -> int:
     solver.stopping.set()
     try:
         answered = server.wait_answered(STOP_GRACE_S)
-    except (KeyboardInterrupt, Terminated):  # asked again: do not wait
+    except KeyboardInterrupt:  # asked again (Ctrl-C, or SIGTERM as utils.run.main.Terminated): do not wait
         answered = False
     server.server_close()
     code = signal_exit_code(signum) if cut_short else 0
