@@ -28,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from models.layers import sdpa  # noqa: E402
 from utils.bench import paired_ratio  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 
 
@@ -93,8 +94,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0],
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", type=parse_shape, default=(64, 4, 100, 32),
                         help="batch,heads,seq_len,head_dim (default: 64,4,100,32, the maze quickstart's attention)")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds (default: 30)")

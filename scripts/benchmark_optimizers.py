@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from utils.bench import paired_ratio  # noqa: E402
+from utils.cli import ArgumentParser  # noqa: E402
 from utils.device import select_device  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.optimizer_utils import AdamATan2, native_unavailable_reason  # noqa: E402
@@ -103,8 +104,8 @@ def bench_set(name: str, shapes, device: torch.device, args) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     summary, details = __doc__.split("\n\n", 1)
-    parser = argparse.ArgumentParser(description=summary, epilog=details,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=summary, epilog=details,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: cpu)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per optimizer (default: 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first; includes compilation (default: 3)")

@@ -295,3 +295,15 @@ def test_passes_benchmark_refuses_a_bad_setting_in_one_line(capsys, flags, fragm
 
     out = in_process(benchmark_passes.main, *flags, capsys=capsys)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and fragment in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("module, argv", [("scripts.benchmark_attention", ["--rounds", "x"]),
+                                          ("scripts.benchmark_optimizers", ["--bogus"]),
+                                          ("utils.hardware_optimizer", ["--bogus"]),
+                                          ("utils.optimizer_utils", ["--bogus"])])
+def test_the_report_and_benchmark_commands_refuse_a_bad_flag_in_one_line(module, argv, capsys):
+    import importlib
+
+    out = in_process(importlib.import_module(module).main, *argv, capsys=capsys)
+    assert out.returncode == 2 and out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: ") and "--help)" in out.stderr

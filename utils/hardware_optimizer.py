@@ -10,7 +10,6 @@ DataLoader workers for HRM (``global_batch_size``) and CAPE (the other knobs).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import logging
 import os
@@ -24,6 +23,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from utils.cli import ArgumentParser
 from utils.config import ConfigError
 from utils.device import (DeviceError, bf16_support, compile_decision, configure_backends, cpu_bf16_features, cpu_name,
                           host_memory, select_device, select_dtype)
@@ -551,7 +551,7 @@ def run_with_oom_backoff(fn: Callable[[int], Any], batch_size: int, min_batch_si
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m utils.hardware_optimizer``: print the report, recommendations and commands."""
-    p = argparse.ArgumentParser(description="Hardware report and recommended training settings for this machine.")
+    p = ArgumentParser(description="Hardware report and recommended training settings for this machine.")
     p.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")
     p.add_argument("--gpu-memory-gb", type=float,
                    help="also show the recommendation for an NVIDIA GPU with this many GiB")

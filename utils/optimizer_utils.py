@@ -36,7 +36,6 @@ this machine will use and why.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import math
@@ -51,6 +50,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from utils.cli import ArgumentParser
 from utils.device import DeviceError, compile_support, describe, is_apple_silicon, select_device
 
 log = logging.getLogger(__name__)
@@ -556,7 +556,7 @@ def format_optimizer_info(info: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m utils.optimizer_utils [--device D]``: print which AdamATan2 backend runs here and why."""
-    parser = argparse.ArgumentParser(description="Report the AdamATan2 backend this machine will use, and why.")
+    parser = ArgumentParser(description="Report the AdamATan2 backend this machine will use, and why.")
     parser.add_argument("--device", default=None, help="cpu, mps, cuda or cuda:N (default: the training device)")
     args = parser.parse_args(argv)
     try:
