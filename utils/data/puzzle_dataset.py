@@ -24,12 +24,14 @@ import os
 import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import torch
 
 from utils.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE_LABEL_ID = -100  # what ignored label positions become in batches (torch cross-entropy's default)
 ARRAY_FIELDS = ("inputs", "labels", "puzzle_identifiers", "puzzle_indices", "group_indices")
@@ -430,6 +432,10 @@ class PuzzleDataset:
         }
         if bands is not None:
             batch[RATING_BAND_KEY] = np.pad(bands[puzzles], (0, pad), constant_values=NO_BAND)
+        # torch is imported here, not with the module: the dataset builders read this module for the format alone,
+        # and without torch their start (and --help) is about 2 s shorter.
+        import torch
+
         return {k: torch.from_numpy(v) for k, v in batch.items()}
 
     def _batch_at(self, iteration: int, index: int) -> tuple[str, dict[str, torch.Tensor], int]:
