@@ -35,15 +35,14 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))  # run as a script: make the repo root importable
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
-from models import build_model  # noqa: E402
 from utils.cli import ArgumentParser  # noqa: E402
 from utils.data.common import write_one_example_split  # noqa: E402
-from utils.distributed import Dist  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from utils.run.estimate import Estimate, duration, matmul_rate, step_flops, synchronize  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
+
+# torch, the models and the trainer are imported by the dry run's functions: --list and --help need none of them
+# (about 3 s on a 2-core CPU).
 
 RUN_ROOT = "checkpoints/reproduce"  # each row trains into RUN_ROOT/<row>, which its evaluation reads
 TIMED_STEP_S = 2.0  # the timed steps run at the batch this machine does in about this long (scaled to the real one)
@@ -266,6 +265,7 @@ def check_training(recipe: Recipe, stand_ins: Path) -> Checked:
     Raises:
         RecipeError: naming the row and the trainer's one-line reason.
     """
+    from utils.distributed import Dist
     from utils.train import puzzle_trainer  # the trainer's imports (evaluation, pictures): a dry run's, not --list's
 
     args = _parses(recipe, "train", lambda: puzzle_trainer.parse_args(recipe.train_argv()))
@@ -298,6 +298,11 @@ def time_steps(setup, size: DataSize, batch_size: int, steps: int) -> tuple[floa
         ``(seconds per step at batch_size, FLOP estimate of one step at batch_size in seconds, the timed batch)``;
         a timed step is scaled to ``batch_size`` in proportion to the examples.
     """
+    import torch
+
+    from models import build_model
+    from utils.run.estimate import Estimate, matmul_rate, step_flops, synchronize
+
     device, dtype = setup.device, setup.dtype
     identifiers = min(size.identifiers, TIMING_IDENTIFIERS)
 
@@ -335,6 +340,8 @@ def dry_run(recipe: Recipe, timed_steps: int, stand_ins: Path) -> None:
     Raises:
         RecipeError: the first check it fails, in one line naming the row.
     """
+    from utils.run.estimate import duration
+
     for argv in recipe.data:
         check_data_command(recipe, argv)
     checked = check_training(recipe, stand_ins)

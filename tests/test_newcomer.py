@@ -76,7 +76,7 @@ WITHOUT_TORCH = ("pretrain.py", "evaluate.py", "solve.py", "scripts/benchmark_ca
                  "scripts/benchmark_passes.py", "scripts/benchmark_quickstart.py", "scripts/benchmark_step.py",
                  "scripts/build_arc_dataset.py", "scripts/build_maze_dataset.py", "scripts/build_outside_sudoku.py",
                  "scripts/build_sudoku_dataset.py", "scripts/build_synthetic_cape_dataset.py", "scripts/predict_pose.py",
-                 "scripts/recipe_lengths.py", "scripts/reference_trm.py", "scripts/visualize.py")
+                 "scripts/recipe_lengths.py", "scripts/reference_trm.py", "scripts/reproduce.py", "scripts/visualize.py")
 # Each entry point runs in a process forked from a parent that has imported only the standard library (and, for the
 # second group, torch already: only what --help adds beyond it is seen), as `python SCRIPT --help` would.
 HELP_PROBE = r"""
