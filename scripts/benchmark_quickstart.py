@@ -236,16 +236,16 @@ def read_results(path: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Imported after the parse: --help is answered without torch.
-    from utils.hardware_optimizer import machine_line
     from utils.run.main import cli_main
 
     def body() -> int:
-        if args.report:
+        if args.report:  # tables from a file: no torch (--help, a bad flag and a bad file are answered without it)
             saved = read_results(args.report)
             task = TASKS[saved["task"]]
             print_report(saved, args.checkpoints or task.checkpoints, saved.get("minutes", task.minutes))
             return 0
+        from utils.hardware_optimizer import machine_line
+
         task = TASKS[args.task]
         minutes, checkpoints = args.minutes or task.minutes, args.checkpoints or task.checkpoints
         args.out.mkdir(parents=True, exist_ok=True)

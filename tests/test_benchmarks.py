@@ -233,8 +233,9 @@ def test_quickstart_bad_input_is_one_error_line(tmp_path, capsys):
 
     bad = tmp_path / "results.json"
     bad.write_text("{}")
-    out = in_process(benchmark_quickstart.main, "--report", str(bad), capsys=capsys)
+    out = refused_in_a_fresh_interpreter("benchmark_quickstart.py", "--report", str(bad))
     assert out.returncode == 2 and out.stderr.startswith(f"error: --report {bad}: not a results.json")
+    assert out.stdout == "torch loaded: False\n"  # a bad file is answered before torch loads (seconds)
     out = in_process(benchmark_quickstart.main, "--runs", "GPT", capsys=capsys)
     assert out.returncode == 2 and "unknown GPT" in out.stderr
 
