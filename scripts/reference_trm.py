@@ -234,7 +234,7 @@ def train(ref, args) -> int:
 def step_worker(ref, args) -> int:
     """The ``step-worker`` command: the reference step on one fixed Sudoku batch, timed on request."""
     settings = json.loads(json.dumps(REFERENCE_SETTINGS))
-    settings["arch"] = dict(settings["arch"], **json.loads(args.arch))
+    settings["arch"] = dict(settings["arch"], **args.arch_changes)
     settings["global_batch_size"] = args.batch_size
     trainer = ReferenceTrainer(ref, settings, SUDOKU, total_steps=10**6, compile=args.compile)
     batch = sudoku_batch(args.batch_size)
@@ -275,6 +275,13 @@ def parse_args(argv: list[str] | None):
             args.settings = with_changes(args.set or [])
         except ValueError as e:
             parser.error(str(e))
+    else:
+        try:
+            args.arch_changes = json.loads(args.arch)
+            if not isinstance(args.arch_changes, dict):
+                raise ValueError("not an object")
+        except ValueError as e:
+            parser.error(f"--arch {args.arch!r}: give a JSON object of the reference's architecture keys ({e})")
     if problem := not_a_checkout(args.reference_dir):
         parser.error(problem)
     return args

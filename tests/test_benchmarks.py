@@ -167,6 +167,10 @@ def test_reference_settings_changes_are_checked_before_any_work(tmp_path, capsys
         out = in_process(reference_trm.main, "--reference-dir", str(tmp_path), "train", "--data-path", str(data),
                          "--out", str(tmp_path / "curve.json"), "--set", bad, capsys=capsys)
         assert out.returncode == 2 and f"--set {bad}: give KEY=VALUE" in out.stderr and "Traceback" not in out.stderr
+    for bad in ("{hidden_size: 64}", "[64]"):  # benchmark_step.py writes this JSON; a person may type it
+        out = in_process(reference_trm.main, "--reference-dir", str(tmp_path), "step-worker", "--arch", bad,
+                         capsys=capsys)
+        assert out.returncode == 2 and out.stderr.startswith(f"error: --arch {bad!r}: give a JSON object")
 
 
 def test_the_reference_gets_the_projects_architecture_in_its_own_keys():
