@@ -1491,7 +1491,7 @@ def _install_torch(plan: Plan, info: PlatformInfo, reqs: RequirementSet, cuda_ex
     step = next(s for s in plan.steps if s.kind == "torch")
     print("Installing torch and torchvision" + (f": {plan.torch_note}" if plan.torch_note else ""))
     rc, tail = run_pip(step.argv, None, report["commands"])
-    info = replace(info, **probe_torch(info.python))
+    info = with_torch(info, probe_torch(info.python))
     report["torch"]["action"] = "installed"
     if rc != 0 or info.torch_version is None or info.torchvision_version is None:
         why = _pip_error(tail) if rc else info.torch_error or info.torchvision_error or "torchvision is missing"

@@ -1123,3 +1123,17 @@ def test_campaign5_p23_a_bad_argument_is_one_line_and_exit_2(forbid_changes, tmp
         # past the interpreter's check, this machine's probes are not what is tested
         monkeypatch.setattr(inst, "detect_platform", lambda python: make_info(python=python))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_after_installing_torch_the_compute_capability_nvidia_smi_gave_still_wins(monkeypatch):
+    """As before the install (:func:`inst.with_torch`): a driver's answer stands over the new torch's."""
+    info = make_info(**(CUDA_OK | {"compute_capability": "9.0"}))
+    plan = inst.Plan([inst.Step("torch", "torch and torchvision", ["pip", "install", f"torch=={T}"])], None, "",
+                     [], [], {}, [], [])
+    monkeypatch.setattr(inst, "run_pip", lambda argv, env, commands: (0, ""))
+    monkeypatch.setattr(inst, "probe_torch", lambda python: {"torch_version": T, "torchvision_version": V,
+                                                             "compute_capability": "8.0", "torch_error": None})
+    monkeypatch.setattr(inst, "installed_versions", lambda python: ALL_BASE)
+    report = {"torch": {}, "commands": [], "errors": [], "warnings": [], "base": {}}
+    after, _ = inst._install_torch(plan, info, inst.load_requirements("cuda"), False, report)
+    assert after.compute_capability == "9.0" and report["torch"]["action"] == "installed" and not report["errors"]
