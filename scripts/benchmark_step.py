@@ -338,7 +338,7 @@ def profile_model(name: str, arch: dict, batch_size: int, device: torch.device, 
     ``cpp.enable_kernel_profile``), so they appear by name as a GPU's kernels do."""
     import torch._inductor.config as inductor
 
-    from utils.step_profile import label, profiled_steps
+    from utils.step_profile import profiled_steps
 
     with inductor.patch({"cpp.enable_kernel_profile": device.type == "cpu"}):
         trainer = Trainer(arch, batch_size, device, dtype)
@@ -348,7 +348,7 @@ def profile_model(name: str, arch: dict, batch_size: int, device: torch.device, 
         profile, seconds = profiled_steps(lambda: trainer.step(forward), args.profile, device, synchronizer(device))
     mode = "eager" if args.no_compile else "compiled"
     return (f"\n{name} ({mode}, batch {batch_size}, {str(dtype).removeprefix('torch.')}): {seconds * 1e3:.1f} ms per "
-            f"step under the profiler\n" + profile.report(label(device)))
+            f"step under the profiler\n" + profile.report())
 
 
 def format_table(rows: list[dict]) -> str:

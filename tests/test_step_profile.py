@@ -40,7 +40,7 @@ def test_a_gpu_trace_kernels_gemm_share_gaps_and_the_syncs_with_their_line():
     assert profile.share(step_profile.ATTENTION) == pytest.approx(20 / 120)
     assert dict(profile.syncs) == {
         "cudaStreamSynchronize (in aten::_local_scalar_dense) at utils/optimizer_utils.py:155 (_bucket)": 1}
-    text = profile.report("GPU")
+    text = profile.report()
     assert "GPU busy 0.06 ms of 0.10 ms per step (55%); idle between kernels 0.04 ms in 1 gaps" in text
     assert "GEMM 75% of kernel time, attention 17%, other 8%" in text and "host syncs per step: 0.5" in text
     assert text.splitlines()[-4].split() == ["50.0%", "0.030", "0.5", "sm90_xmma_gemm_bf16"]
@@ -59,7 +59,7 @@ def test_a_cpu_trace_weighs_operators_by_their_own_time_and_lists_the_value_read
     assert profile.busy_us == 40 + 10 + 2 and profile.gaps_us == [10, 10]
     assert profile.share(step_profile.GEMM) == pytest.approx(30 / 52)
     assert dict(profile.syncs) == {"aten::_local_scalar_dense at ?": 1}
-    assert "value reads per step: 1 (each a host sync where its tensor is on a GPU" in profile.report("CPU")
+    assert "value reads per step: 1 (each a host sync where its tensor is on a GPU" in profile.report()
 
 
 def test_steps_must_be_positive():

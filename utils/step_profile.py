@@ -2,9 +2,9 @@
 
 Four findings per model, each per step:
 
-- **kernels by time**: on a GPU the device kernels (and copies) by their summed duration; on a CPU, which runs no
-  device kernels, the operators that do the work (each event with no child event: an ATen kernel, or one of the C++
-  kernels torch.compile generates, recorded with inductor's ``cpp.enable_kernel_profile``);
+- **kernels by time**: on a GPU the device kernels (and copies) by their summed duration; elsewhere, with no device
+  kernels to see, the host operators by their own time (without the operators they call): ATen's, and the C++ kernels
+  torch.compile generates, recorded with inductor's ``cpp.enable_kernel_profile``;
 - **the GEMM share**: the part of that kernel time spent in matrix multiplications (cuBLAS/CUTLASS kernels,
   ``aten::mm`` and its kind), and apart from it the attention kernels' part;
 - **launch gaps**: the time in the profiled window when no kernel runs (the union of the kernels' intervals taken
@@ -18,17 +18,20 @@ Four findings per model, each per step:
 
 The trace is the one ``torch.profiler.profile(activities=..., with_stack=True)`` records; the events are its
 ``events()`` (``torch.autograd.profiler_util.FunctionEvent``: ``name``, ``device_type``, ``time_range`` in
-microseconds, ``cpu_children``, ``cpu_parent``, ``stack``). Events under a ``record_function`` named
+microseconds, ``self_cpu_time_total``, ``cpu_parent``; with_stack adds the Python frames as events of their own,
+named ``path(line): function``). Events under a ``record_function`` named
 :data:`MEASUREMENT` (the benchmark's own wait for the GPU at the end of the window) are left out of the syncs.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 MEASUREMENT = "benchmark: wait for the device"
 GEMM = re.compile(r"gemm|cutlass|xmma|cublas|^aten::(mm|addmm|bmm|baddbmm|_addmm_activation)$|mkldnn.*matmul", re.I)
@@ -42,9 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass
 class StepProfile:
-    """One model's profiled steps. Times in microseconds over all ``steps``; :meth:`report` divides by ``steps``."""
+    """One model's profiled steps. Times in microseconds over all ``steps``; :meth:`report` divides by ``steps``.
+    ``on_gpu``: the kernels are a GPU's and the syncs the CUDA runtime's; else host operators and value reads."""
 
     steps: int
+    on_gpu: bool
     window_us: float  # from the first event's start to the last one's end
     kernels: Counter = field(default_factory=Counter)  # name -> summed duration
     calls: Counter = field(default_factory=Counter)  # name -> number of calls
@@ -61,9 +66,9 @@ class StepProfile:
         total = self.kernel_us
         return sum(t for name, t in self.kernels.items() if pattern.search(name)) / total if total else 0.0
 
-    def report(self, unit: str, top: int = 15) -> str:
-        """The four findings as text: ``unit`` names what the kernels ran on (``GPU`` or ``CPU``)."""
-        n = self.steps
+    def report(self, top: int = 15) -> str:
+        """The four findings as text, with the ``top`` kernels."""
+        n, unit = self.steps, "GPU" if self.on_gpu else "CPU"
         gemm, attention = self.share(GEMM), self.share(ATTENTION)
         idle = self.window_us - self.busy_us
         largest = max(self.gaps_us, default=0.0)
@@ -72,7 +77,7 @@ class StepProfile:
                  f"{len(self.gaps_us) / n:.0f} gaps per step (largest {largest / 1e3:.2f} ms)" if self.window_us else
                  f"  no {unit} kernels recorded",
                  f"  GEMM {gemm:.0%} of kernel time, attention {attention:.0%}, other {1 - gemm - attention:.0%}",
-                 (f"  host syncs per step: {sum(self.syncs.values()) / n:g}" if unit == "GPU" else
+                 (f"  host syncs per step: {sum(self.syncs.values()) / n:g}" if self.on_gpu else
                   f"  value reads per step: {sum(self.syncs.values()) / n:g} (each a host sync where its tensor is on "
                   "a GPU; a CPU-held value, such as AdamATan2's step count, costs nothing there)")]
         lines += [f"    {count / n:g} x {what}" for what, count in self.syncs.most_common()]
@@ -96,18 +101,18 @@ def is_operator(event) -> bool:
                 or getattr(event, "is_user_annotation", False))
 
 
+def ancestors(event) -> Iterator:
+    """The host events ``event`` ran under, innermost first."""
+    parent = event.cpu_parent
+    while parent is not None:
+        yield parent
+        parent = parent.cpu_parent
+
+
 def outermost(events: list) -> list:
     """The events among ``events`` that have no ancestor among them (their intervals hold the others')."""
     chosen = {id(e) for e in events}
-
-    def nested(event) -> bool:
-        parent = event.cpu_parent
-        while parent is not None:
-            if id(parent) in chosen:
-                return True
-            parent = parent.cpu_parent
-        return False
-    return [e for e in events if not nested(e)]
+    return [e for e in events if not any(id(parent) in chosen for parent in ancestors(e))]
 
 
 def union(intervals: list[tuple[float, float]]) -> tuple[float, list[float]]:
@@ -134,38 +139,38 @@ def analyse(events: list, steps: int, on_gpu: bool) -> StepProfile:
     """
     if steps < 1:
         raise ValueError(f"steps={steps}: profile at least one step")
-    spans = [(e.time_range.start, e.time_range.end) for e in events]
-    profile = StepProfile(steps, max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0)
+    spans = [_span(e) for e in events]
+    profile = StepProfile(steps, on_gpu,
+                          max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0)
     kernels = kernel_events(events, on_gpu)
     for e in kernels:  # a host operator's own time, without the operators it calls
-        profile.kernels[e.name] += _duration(e) if on_gpu else e.self_cpu_time_total
+        start, end = _span(e)
+        profile.kernels[e.name] += end - start if on_gpu else e.self_cpu_time_total
         profile.calls[e.name] += 1
     timeline = kernels if on_gpu else outermost(kernels)
-    profile.busy_us, profile.gaps_us = union([(e.time_range.start, e.time_range.end) for e in timeline])
+    profile.busy_us, profile.gaps_us = union([_span(e) for e in timeline])
     waits = RUNTIME_SYNCS if on_gpu else WAITING_OPS
     for e in events:
-        if e.name in waits and not _under_measurement(e):
+        if e.name in waits and not any(parent.name == MEASUREMENT for parent in ancestors(e)):
             profile.syncs[f"{e.name}{_under_op(e)} at {where(e)}"] += 1
     return profile
 
 
 def _under_op(event) -> str:
     """`` (in aten::X)``: the operator a CUDA runtime call was made in, if any."""
-    parent = event.cpu_parent
-    while parent is not None and not parent.name.startswith("aten::"):
-        parent = parent.cpu_parent
-    return f" (in {parent.name})" if parent is not None and event.name in RUNTIME_SYNCS else ""
+    if event.name not in RUNTIME_SYNCS:
+        return ""
+    op = next((parent for parent in ancestors(event) if parent.name.startswith("aten::")), None)
+    return f" (in {op.name})" if op is not None else ""
 
 
 def where(event) -> str:
     """The innermost Python frame of this repository's code that ``event`` ran under (the profiler records frames
     as events named ``path(line): function``), as ``path:line (function)``; ``?`` where there is none."""
-    event = event.cpu_parent
-    while event is not None:
-        frame = PYTHON_FRAME.match(event.name)
+    for parent in ancestors(event):
+        frame = PYTHON_FRAME.match(parent.name)
         if frame and (path := _ours(frame[1])):
             return f"{path}:{frame[2]} ({frame[3]})"
-        event = event.cpu_parent
     return "?"
 
 
@@ -178,16 +183,8 @@ def _ours(path: str) -> str | None:
     return None
 
 
-def _under_measurement(event) -> bool:
-    while event is not None:
-        if event.name == MEASUREMENT:
-            return True
-        event = event.cpu_parent
-    return False
-
-
-def _duration(event) -> float:
-    return event.time_range.end - event.time_range.start
+def _span(event) -> tuple[float, float]:
+    return event.time_range.start, event.time_range.end
 
 
 def _device(event) -> str:
@@ -199,9 +196,6 @@ def profiled_steps(step, steps: int, device, sync) -> tuple[StepProfile, float]:
     """Run ``step()`` ``steps`` times under torch.profiler (CPU activity, and CUDA's on a CUDA ``device``, Python
     stacks recorded); the :class:`StepProfile` and the seconds per step under the profiler. ``sync()`` waits for
     the device; it runs inside the window under :data:`MEASUREMENT`, so its wait is not counted as the step's."""
-    import os
-    import time
-
     import torch
 
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # read as the profiler starts: no "gpuGetDeviceCount failed" on a CPU
@@ -215,8 +209,3 @@ def profiled_steps(step, steps: int, device, sync) -> tuple[StepProfile, float]:
             sync()
         seconds = (time.perf_counter() - begin) / steps
     return analyse(list(prof.events()), steps, on_gpu), seconds
-
-
-def label(device) -> str:
-    """What the kernels of ``device`` run on, for :meth:`StepProfile.report`."""
-    return "GPU" if device.type == "cuda" else device.type.upper()
