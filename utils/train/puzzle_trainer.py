@@ -346,10 +346,10 @@ def depth_flops(setup: Setup, metadata: PuzzleDatasetMetadata, curriculum: Depth
     (once a process for each model: :data:`_TRACED_STEP_FLOPS`)."""
     model = (json.dumps(setup.arch, sort_keys=True, default=repr), setup.local_batch_size, metadata.seq_len,
              metadata.vocab_size, metadata.num_puzzle_identifiers, setup.dtype)
-    flops = {}
+    flops, meta = {}, None
     for *_, depth in curriculum.segments():
         if (model, depth) not in _TRACED_STEP_FLOPS:
-            meta = meta_model(setup, metadata)
+            meta = meta_model(setup, metadata) if meta is None else meta  # one model, set to each depth in turn
             set_depth(meta.model, depth)
             _TRACED_STEP_FLOPS[model, depth] = step_flops(meta, setup.local_batch_size, metadata.seq_len)
         flops[depth] = _TRACED_STEP_FLOPS[model, depth] * world_size
