@@ -82,6 +82,7 @@ SDIST_MEMBER_MAX_BYTES = 1 << 20  # one pyproject.toml, setup.py or setup.cfg
 SDIST_MEMBERS_MAX = 100_000       # files in one archive
 BUILD_REQUIRES_MAX = 64           # requirements one file may declare
 REQUIREMENT_MAX_CHARS = 500       # one requirement string, markers included
+MARKER_NESTING_MAX = 16           # parentheses open at once in one requirement's marker
 GB_PER_BUILD_JOB = 4  # one nvcc job can take several GB of RAM; more jobs than this risks the OOM killer
 
 
@@ -913,10 +914,20 @@ def _metadata_files(archive: BinaryIO) -> dict[str, str]:
     return files
 
 
+def _nesting(text: str) -> int:
+    """How many parentheses are open at once, at most, in ``text``."""
+    depth = deepest = 0
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _usable_requirements(found: list[str], notes: list[str]) -> tuple[str, ...]:
     """The strings of ``found`` that parse as PEP 508 requirements by name, each as packaging writes it, without
     repeats; the rest (pip options such as ``--index-url=...`` or ``-e ...``, ``name @ URL`` references, anything
-    that does not parse) are dropped with one line in ``notes``, since each string becomes one argument of pip.
+    that does not parse, over :data:`REQUIREMENT_MAX_CHARS` or nesting parentheses deeper than
+    :data:`MARKER_NESTING_MAX`) are dropped with one line in ``notes``, since each string becomes one argument of pip.
 
     Raises:
         MetadataError: there is no PEP 508 parser to check them with.
@@ -928,9 +939,13 @@ def _usable_requirements(found: list[str], notes: list[str]) -> tuple[str, ...]:
         raise MetadataError("neither packaging nor pip's copy of it imports here to check its requirements")
     kept, dropped = [], []
     for text in found:
+        # Both bounds are ours, so the answer does not depend on the interpreter: pip 23's copy of packaging recurses
+        # once per parenthesis, and whether it raises RecursionError depends on sys.getrecursionlimit(), which other
+        # code raises (torch.compile sets it to at least 2000).
         try:
-            req = pep508.Requirement(text) if len(text) <= REQUIREMENT_MAX_CHARS else None
-        except (pep508.InvalidRequirement, RecursionError):  # pip's older copy recurses on deeply nested markers
+            usable = len(text) <= REQUIREMENT_MAX_CHARS and _nesting(text) <= MARKER_NESTING_MAX
+            req = pep508.Requirement(text) if usable else None
+        except (pep508.InvalidRequirement, RecursionError):
             req = None
         if req is None or req.url or text.lstrip().startswith("-"):
             dropped.append(text)
