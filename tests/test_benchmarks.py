@@ -11,6 +11,7 @@ import torch
 import pretrain
 from tests.test_pretrain_trm import trm
 from utils.checkpoint import safe_load
+from utils.device import select_dtype
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,7 +80,8 @@ def test_step_benchmark_profiles_where_a_step_spends_its_time(capsys):
                      "--warmup", "1", "--batch-size", "2", "arch.hidden_size=32", "arch.H_cycles=2", "arch.L_cycles=1",
                      capsys=capsys)
     assert out.returncode == 0, out.stderr
-    assert "1 profiled steps per model" in out.stdout and "trm_cpu (eager, batch 2, float32): " in out.stdout
+    dtype = str(select_dtype(torch.device("cpu"))[0]).removeprefix("torch.")  # bf16 on AVX512-BF16/AMX, else fp32
+    assert "1 profiled steps per model" in out.stdout and f"trm_cpu (eager, batch 2, {dtype}): " in out.stdout
     report = out.stdout[out.stdout.index("trm_cpu (eager"):].splitlines()
     assert report[1].startswith("  CPU busy ") and report[2].startswith("  GEMM ")  # utils/step_profile.py's findings
     # AdamATan2 reads each tensor's step count on the host: a CPU tensor's, so no GPU would wait for it
