@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 from torch import nn
@@ -141,6 +142,26 @@ class Carry:
                    state["halted"].to(device), {k: v.to(device) for k, v in state["current_data"].items()})
 
 
+@dataclass
+class LatentNoise:
+    """Gaussian noise added to the latent state after every recursion update: the test-time exploration of PTRM
+    (arXiv 2605.19943, Sec. 3: K trajectories, noise on the latent at every recursion step). Set on a model's
+    ``inner.latent_noise`` for a batch and cleared after it; never used in training.
+
+    Attributes:
+        std: [B] fp32, each row's noise std (0 for a row that runs the plain recursion).
+        generator: draws the noise; on the latent's device, so its seed fixes the noise on that device.
+    """
+
+    std: torch.Tensor
+    generator: torch.Generator
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        """``z`` [B, L, D] plus noise of std ``std[b]`` in row b, in ``z``'s dtype."""
+        noise = torch.randn(z.shape, generator=self.generator, device=z.device, dtype=torch.float32)
+        return z + (noise * self.std.view(-1, 1, 1)).to(z.dtype)
+
+
 class RecurrentCore(nn.Module):
     """One ACT segment's shared parts: embeddings, heads and initial states; a subclass adds its levels.
 
@@ -177,6 +198,12 @@ class RecurrentCore(nn.Module):
         with torch.no_grad():
             self.q_head.weight.zero_()
             self.q_head.bias.fill_(-5)
+
+    latent_noise: Optional["LatentNoise"] = None  # set by test-time search only; None: the references' recursion
+
+    def perturb(self, z: torch.Tensor) -> torch.Tensor:
+        """``z`` after one recursion update, with :attr:`latent_noise` added when test-time search set one."""
+        return z if self.latent_noise is None else self.latent_noise(z)
 
     def rope(self):
         """The rotary tables, or None without rotary positions."""

@@ -66,12 +66,12 @@ class HierarchicalReasoningModel_ACTV1_Inner(RecurrentCore):
             for h in range(H_cycles):
                 for l in range(L_cycles):
                     if not (h == H_cycles - 1 and l == L_cycles - 1):
-                        z_L = self.L_level(z_L, z_H + x, cos_sin)
+                        z_L = self.perturb(self.L_level(z_L, z_H + x, cos_sin))
                 if h != H_cycles - 1:
-                    z_H = self.H_level(z_H, z_L, cos_sin)
+                    z_H = self.perturb(self.H_level(z_H, z_L, cos_sin))
         # 1-step gradient: only the final L and H updates are differentiated.
-        z_L = self.L_level(z_L, z_H + x, cos_sin)
-        z_H = self.H_level(z_H, z_L, cos_sin)
+        z_L = self.perturb(self.L_level(z_L, z_H + x, cos_sin))
+        z_H = self.perturb(self.H_level(z_H, z_L, cos_sin))
         return self.outputs(z_H, z_L)
 
 

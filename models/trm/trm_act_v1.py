@@ -92,8 +92,8 @@ class TinyRecursiveReasoningModel_ACTV1_Inner(RecurrentCore):
                          cos_sin: CosSin | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``L_cycles`` latent updates given (answer + input), then one answer update (paper, Fig. 3)."""
         for _ in range(self.config.L_cycles):
-            z_L = self.L_level(z_L, z_H + x, cos_sin)
-        return self.L_level(z_H, z_L, cos_sin), z_L
+            z_L = self.perturb(self.L_level(z_L, z_H + x, cos_sin))
+        return self.perturb(self.L_level(z_H, z_L, cos_sin)), z_L
 
     def forward(self, carry: InnerCarry, batch: dict[str, torch.Tensor]):
         """Run one segment: ``H_cycles - 1`` recursions without gradient, then one with full backprop.
