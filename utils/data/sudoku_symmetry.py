@@ -41,3 +41,22 @@ def grid_fingerprints(answers: np.ndarray) -> list[bytes]:
     rows_first = np.take_along_axis(rows, first, 1) <= np.take_along_axis(cols, first, 1)
     lo, hi = np.where(rows_first, rows, cols), np.where(rows_first, cols, rows)
     return [r.tobytes() for r in np.concatenate([lo, hi], axis=1)]
+
+
+def random_symmetry(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A random element of the group of Sudoku's validity-preserving symmetries: digit relabelling, the rows within
+    each band and the bands, the columns within each stack and the stacks, then a transpose with probability 1/2
+    (the test-time augmentation of arXiv 2601.19085, Sec. 3; the moves the fingerprint above is invariant to).
+
+    Returns:
+        ``order`` [81] int64: cell ``j`` of the transformed grid is cell ``order[j]`` of the original (row-major);
+        ``digits`` [10] int64: digit ``d`` becomes ``digits[d]`` (``digits[0] = 0``: a blank stays blank). A
+        solution of the transformed puzzle, mapped back by ``argsort(order)`` and ``argsort(digits)``, is a solution
+        of the original.
+    """
+    rows = np.concatenate([3 * band + rng.permutation(3) for band in rng.permutation(3)])
+    cols = np.concatenate([3 * stack + rng.permutation(3) for stack in rng.permutation(3)])
+    order = (9 * rows[:, None] + cols[None, :])
+    if rng.random() < 0.5:
+        order = order.T
+    return order.reshape(-1).astype(np.int64), np.concatenate([[0], 1 + rng.permutation(9)]).astype(np.int64)
