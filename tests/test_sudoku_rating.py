@@ -227,3 +227,47 @@ def test_rate_many_is_rate_of_each():
     clash[1, 2] = clash[1, 0]
     with pytest.raises(ValueError, match="row 1"):
         solver.rate_many(clash)
+
+
+def _job(cells):
+    return (yield solver.Query(cells)).count
+
+
+ENTRY_POINTS = {"rate": solver.rate, "count_solutions": solver.count_solutions, "search": solver.search,
+                "search tdoku": lambda cells: solver.search(cells, scale="tdoku"),
+                "is_consistent": solver.is_consistent, "left_open": solver.left_open,
+                "left_open tdoku": lambda cells: solver.left_open(cells, "tdoku"), "singles_left": solver.singles_left,
+                "run_jobs": lambda cells: solver.run_jobs([_job(cells)])}
+
+
+def _with(cell: int, value, dtype=None):
+    cells = grid(WIKIPEDIA)
+    cells[cell] = value
+    return cells if dtype is None else np.array(cells, dtype)
+
+
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+@pytest.mark.parametrize("cells,message", [
+    (_with(7, 10), "cell 7 (row 1, column 8) is 10: a Sudoku cell holds 0..9 (0 = blank)"),
+    (_with(80, -1), "cell 80 (row 9, column 9) is -1: a Sudoku cell holds 0..9 (0 = blank)"),
+    (_with(2, 10, np.uint8), "cell 2 (row 1, column 3) is 10: "),
+    (_with(40, 2.5, np.float64), "cell 40 (row 5, column 5) is 2.5: "),
+    (grid(WIKIPEDIA)[:80], "a Sudoku grid is 81 cells (0 = blank), got 80"),
+    (grid(WIKIPEDIA) + [0], "a Sudoku grid is 81 cells (0 = blank), got 82"),
+], ids=["10", "-1", "uint8 10", "2.5", "80 cells", "82 cells"])
+def test_every_entry_point_refuses_a_cell_outside_0_to_9_and_a_grid_not_of_81_cells(entry, cells, message):
+    """Issue 63: a cell of 10 or -1 reached the bitmasks (a tenth digit, a negative shift) and was still answered."""
+    with pytest.raises(ValueError) as refused:
+        ENTRY_POINTS[entry](cells)
+    assert message in str(refused.value)
+
+
+def test_rate_many_checks_every_puzzle_at_once_and_names_the_bad_one():
+    puzzles = np.array([grid(WIKIPEDIA), grid(ESCARGOT), grid(WIKIPEDIA)])
+    puzzles[2, 9] = 10
+    with pytest.raises(ValueError, match=r"puzzles\[2\], cell 9 \(row 2, column 1\) is 10: a Sudoku cell holds 0..9"):
+        solver.rate_many(puzzles)
+    with pytest.raises(ValueError, match=r"81 cells each .* got shape \(3, 80\)"):
+        solver.rate_many(puzzles[:, :80])
+    assert solver.rate_many(np.zeros((0, 81), np.uint8)).tolist() == []
+    assert solver.rate_many(puzzles[:2].reshape(2, 9, 9)).tolist() == [solver.rate(p) for p in puzzles[:2]]

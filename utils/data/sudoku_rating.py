@@ -21,6 +21,10 @@ arXiv 2506.21734, Sec. 3), which rates each puzzle by the backtracks a solver (t
 ones that need search. Two scales (:data:`RATING_SCALES`): ``"singles"``, the guesses of the solver above, and
 ``"tdoku"``, the guesses of tdoku's own search (utils/data/sudoku_tdoku.py: locked candidates and the band
 configurations make its propagation much stronger), the scale of a Sudoku-Extreme CSV's ``rating`` column.
+
+Every public entry point that takes cells checks them once (:func:`_grid`, :func:`_grids`: 81 whole numbers 0..9,
+0 = blank) and raises ValueError naming the first bad cell; the searches behind it trust what they are given, so a
+digit of 10 or -1 cannot reach the bitmasks, where it would be a tenth digit or a negative shift.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ _UNIT_CELLS = sudoku_jit.UNIT_CELLS.tolist()
 _POPCOUNT = sudoku_jit.POPCOUNT.tolist()
 _DIGITS = [[d for d in range(1, 10) if m >> (d - 1) & 1] for m in range(512)]
 _NO_BAN = [0] * 81
+_INT64, _MAX = np.dtype(np.int64), np.maximum.reduce  # looked up once: the cell check runs before every search
 
 
 @dataclass
@@ -60,6 +65,60 @@ class SearchResult:
     solution: list[int] | None
     guesses: int
     last: list[int] | None = None
+
+
+def _grids(puzzles) -> np.ndarray:
+    """``puzzles`` (int [N, 81], or any shape of whole multiples of 81 cells) as int64 [N, 81], checked.
+
+    Raises:
+        ValueError: not whole multiples of 81 cells, or a cell that is not a whole number 0..9 (0 = blank); the
+            message names the first bad puzzle and cell (0..80, row-major) and its value.
+    """
+    given = np.asarray(puzzles)
+    if given.size % 81:
+        raise ValueError(f"puzzles must be 81 cells each (int [N, 81], 0 = blank), got shape {given.shape}")
+    return _checked(given.reshape(-1, 81), many=True)
+
+
+def _grid(cells) -> np.ndarray:
+    """``cells`` (81 digits in any shape: a list, a [81] or [9, 9] array) as int64 [81], checked.
+
+    Raises:
+        ValueError: not 81 cells, or a cell that is not a whole number 0..9 (0 = blank); the message names the
+            first bad cell (0..80, row-major) and its value.
+    """
+    grid = np.asarray(cells)
+    if grid.shape != (81,):
+        if grid.size != 81:
+            raise ValueError(f"a Sudoku grid is 81 cells (0 = blank), got {grid.size} (shape {grid.shape})")
+        grid = grid.reshape(81)
+    # The common case (a list of ints, an int64 array) in one reduction, seen as unsigned so that a negative cell is
+    # huge: the dataset builders search thousands of times a second, and the check adds about 2 us to a 20 us search.
+    if grid.dtype == _INT64 and _MAX(grid.view(np.uint64)) <= 9:
+        return grid
+    return _checked(grid.reshape(1, 81), many=False)[0]
+
+
+def _checked(given: np.ndarray, many: bool) -> np.ndarray:
+    """``given`` [N, 81] as int64, when every cell is a whole number 0..9; see :func:`_grids`."""
+    if given.dtype.kind in "iu":
+        grids = given.astype(np.int64, copy=False)
+        bad = None if _MAX(grids.view(np.uint64), axis=None, initial=0) <= 9 else (grids < 0) | (grids > 9)
+    else:  # bool, float, str, object: rare, so the slow way
+        try:
+            grids = given.astype(np.int64)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"Sudoku cells are whole numbers 0..9 (0 = blank), got {given.dtype} values such as "
+                             f"{given.flat[0].item()!r}") from None
+        with np.errstate(invalid="ignore"):
+            bad = (grids != given) | (grids < 0) | (grids > 9)
+        bad = bad if bad.any() else None
+    if bad is not None:
+        puzzle, cell = divmod(int(np.flatnonzero(bad)[0]), 81)
+        where = f"puzzles[{puzzle}], cell {cell}" if many else f"cell {cell}"
+        raise ValueError(f"{where} (row {cell // 9 + 1}, column {cell % 9 + 1}) is {given[puzzle, cell].item()!r}: "
+                         "a Sudoku cell holds 0..9 (0 = blank)")
+    return grids
 
 
 def _start(cells) -> tuple[list[int], list[int]] | None:
@@ -144,8 +203,12 @@ def _propagate(cells: list[int], used: list[int], ban: list[int], empties: list[
 
 def singles_left(cells) -> int:
     """Blank cells left once naked and hidden singles have run to a fixpoint on a puzzle (0: singles solve it);
-    -1 when they meet a contradiction (or the clues repeat a digit)."""
-    return sudoku_jit.singles_left(np.asarray(cells, np.int64).reshape(81))
+    -1 when they meet a contradiction (or the clues repeat a digit).
+
+    Raises:
+        ValueError: not 81 cells, or a cell outside 0..9 (:func:`_grid`).
+    """
+    return sudoku_jit.singles_left(_grid(cells))
 
 
 def _check_scale(scale: str) -> str:
@@ -161,12 +224,12 @@ def left_open(cells, scale: str = "singles") -> int:
     contradiction (or clues that repeat a digit). Finer than the guesses among easy puzzles.
 
     Raises:
-        ValueError: an unknown ``scale``.
+        ValueError: an unknown ``scale``; not 81 cells, or a cell outside 0..9 (:func:`_grid`).
     """
+    grid = _grid(cells)
     if _check_scale(scale) == "singles":
-        return singles_left(cells)
-    cells = np.asarray(cells, np.int64).reshape(81)
-    return sudoku_tdoku.open_configurations(cells) if is_consistent(cells) else -1
+        return sudoku_jit.singles_left(grid)
+    return sudoku_tdoku.open_configurations(grid) if _consistent(grid) else -1
 
 
 def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
@@ -183,28 +246,35 @@ def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
     Returns:
         A :class:`SearchResult`; count 0 when the clues repeat a digit in a unit or have no solution.
     Raises:
-        ValueError: an unknown ``scale``, or ``exclude``/``rng`` with scale "tdoku".
+        ValueError: an unknown ``scale``, or ``exclude``/``rng`` with scale "tdoku"; not 81 cells, or a cell
+            outside 0..9 (:func:`_grid`).
     """
+    return _search(_grid(cells), limit, exclude, rng, scale)
+
+
+def _search(grid: np.ndarray, limit: int, exclude: tuple[int, int] | None, rng: np.random.Generator | None,
+            scale: str) -> SearchResult:
+    """:func:`search` of a checked ``grid`` (int64 [81], :func:`_grid`)."""
     if scale != "singles":
-        return _search_tdoku(cells, limit, exclude, rng, scale)
+        return _search_tdoku(grid, limit, exclude, rng, scale)
     if rng is None:  # the compiled search (utils/data/sudoku_jit.py): the same results as the recursion below
         ban = np.zeros(81, np.int64)
         if exclude is not None:
             ban[exclude[0]] = 1 << (exclude[1] - 1)
-        count, guesses, first, last = sudoku_jit.search(np.asarray(cells, np.int64).reshape(81), limit, ban)
+        count, guesses, first, last = sudoku_jit.search(grid, limit, ban)
         return SearchResult(count, first.tolist() if count else None, guesses, last.tolist() if count else None)
-    return _search_python(cells, limit, exclude, rng)
+    return _search_python(grid, limit, exclude, rng)
 
 
-def _search_tdoku(cells, limit: int, exclude, rng, scale: str) -> SearchResult:
-    """:func:`search` with tdoku's search (utils/data/sudoku_tdoku.py), which assumes clues that do not clash."""
+def _search_tdoku(grid: np.ndarray, limit: int, exclude, rng, scale: str) -> SearchResult:
+    """:func:`search` of a checked ``grid`` with tdoku's search (utils/data/sudoku_tdoku.py), which assumes clues
+    that do not clash."""
     _check_scale(scale)
     if exclude is not None or rng is not None:
         raise ValueError("tdoku's search takes neither exclude nor rng")
-    cells = np.asarray(cells, np.int64).reshape(81)
-    if not is_consistent(cells):
+    if not _consistent(grid):
         return SearchResult(0, None, 0)
-    count, guesses, first, last = sudoku_tdoku.search(cells, limit)
+    count, guesses, first, last = sudoku_tdoku.search(grid, limit)
     return SearchResult(count, first.tolist() if count else None, guesses, last.tolist() if count else None)
 
 
@@ -260,13 +330,24 @@ def count_solutions(cells, limit: int = 2) -> int:
         cells: 81 digits (any int sequence or array), 0 = blank, row-major.
     Returns:
         0 if the clues repeat a digit in a unit or there is no solution, else min(#solutions, limit).
+    Raises:
+        ValueError: not 81 cells, or a cell outside 0..9 (:func:`_grid`).
     """
     return search(cells, limit).count
 
 
 def is_consistent(cells) -> bool:
-    """True when no digit repeats in a row, column or box (blanks ignored)."""
-    return _start(cells) is not None
+    """True when no digit repeats in a row, column or box (blanks ignored).
+
+    Raises:
+        ValueError: not 81 cells, or a cell outside 0..9 (:func:`_grid`).
+    """
+    return _consistent(_grid(cells))
+
+
+def _consistent(grid: np.ndarray) -> bool:
+    """:func:`is_consistent` of a checked ``grid`` (int64 [81])."""
+    return _start(grid.tolist()) is not None
 
 
 def rate(cells, scale: str = "singles") -> int:
@@ -289,7 +370,8 @@ def rate(cells, scale: str = "singles") -> int:
     Returns:
         the guess count, >= 0.
     Raises:
-        ValueError: the puzzle has no solution (or its clues repeat a digit); an unknown ``scale``.
+        ValueError: the puzzle has no solution (or its clues repeat a digit); an unknown ``scale``; not 81 cells,
+            or a cell outside 0..9 (:func:`_grid`).
     """
     result = search(cells, 1, scale=scale)
     if not result.count:
@@ -325,6 +407,9 @@ def run_jobs(jobs: Iterable[Generator]) -> list:
     (count, guesses, first and last solution as lists of 81 digits); or it yields a list of queries and sub-jobs
     (generators of the same kind) and is sent back the list of their results and return values. This lets the
     expert generator write a chain's steps as plain code (utils/data/sudoku_expert.py).
+
+    Raises:
+        ValueError: a query's cells are not 81 whole numbers 0..9 (:func:`_grid`), or as :func:`search`.
     """
     return [_drive(job) for job in jobs]
 
@@ -360,9 +445,10 @@ def rate_many(puzzles, scale: str = "singles") -> np.ndarray:
     Returns:
         int64 [N] guess counts.
     Raises:
-        ValueError: a puzzle has no solution (or its clues repeat a digit); the message gives its row.
+        ValueError: a puzzle has no solution (or its clues repeat a digit); the message gives its row. Puzzles that
+            are not 81 cells each, or a cell outside 0..9 (:func:`_grids`), checked for all rows at once first.
     """
-    results = search_many(Query(p, scale=scale) for p in np.asarray(puzzles).reshape(-1, 81))
+    results = [_search(grid, 1, None, None, scale) for grid in _grids(puzzles)]
     unsolved = [k for k, r in enumerate(results) if not r.count]
     if unsolved:
         raise ValueError(f"cannot rate a Sudoku without a solution (row {unsolved[0]})")
