@@ -20,7 +20,8 @@ What it does, in order:
 
 Standard library only (plus packaging, or pip's own copy of it, to check the build requirements a downloaded source
 distribution declares): it has to run before torch exists. Exit code 0 when the base environment is
-healthy (even if optional extras were skipped or failed), 1 when it is not, 2 for bad arguments.
+healthy (even if optional extras were skipped or failed), 1 when it is not, 2 for bad arguments, 130 after Ctrl-C
+and 143 after SIGTERM (each ends every pip command running at once, with one line).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import ast
 import configparser
+import contextlib
 import gzip
 import http.client
 import importlib
@@ -37,10 +39,12 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import urllib.request
 import zipfile
 import zlib
@@ -60,6 +64,10 @@ PYPI_INDEX = "https://pypi.org/simple"  # pip's default index
 # Probes ask an index with this per-request timeout and no retries: pip's configured default can be minutes
 # (180 s and 5 retries on some machines), and a probe that finds nothing only means "use another source".
 PROBE_TIMEOUT_S = 5
+# A dry run only previews the plan, so it waits at most this long for each pip probe and says what it skipped: pip can
+# spend many minutes reading the wheels of a local folder (it hashes every one), and a probe's own bound is 900 s.
+DRY_RUN_PROBE_TIMEOUT_S = 15
+TIMED_OUT = 124  # the exit code _capture reports for a probe it ended at its timeout, as timeout(1) does
 # The torchvision release built for each torch release: torch 2.N.P pairs with torchvision 0.(N+15).P. Checked
 # against the metadata of the torchvision wheels on PyPI, 0.16.0 to 0.29.1: each requires torch==2.N.P exactly,
 # except 0.29.1, which requires torch>=2.14.0. torch 2.0 paired differently (0.15.1, 0.15.2) and is not covered.
@@ -347,15 +355,120 @@ class PlatformInfo:
     cpu_count: int = 1
 
 
-def _capture(argv: list[str], timeout: float = 120, env: dict | None = None) -> tuple[int, str, str] | None:
-    """Run a read-only probe and capture its output; None when the program does not exist."""
+# Every probe and pip command running, each the leader of its own process group, so that a stop or a timeout ends it
+# with whatever it started; a stop (:func:`_stops_end_children`) ends them from the main thread, wherever they run.
+_children: set[subprocess.Popen] = set()
+_stopping = False
+# main(): DRY_RUN_PROBE_TIMEOUT_S during a dry run, else None (each pip probe waits its own timeout).
+_probe_cap_s: float | None = None
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or SIGTERM reached the installer; every child it had started was ended already."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc``'s process group (it leads its own: :func:`_child`); nothing when it has ended."""
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # Windows: no process groups to signal
+            proc.kill()
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill ``proc``'s process group and reap it. Its pipes are closed unread: a process that left the group could
+    hold them open, and reading to their end would wait for it."""
+    _kill(proc)
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream:
+            stream.close()
+
+
+@contextlib.contextmanager
+def _child(argv: list[str], env: dict | None, **popen):
+    """``subprocess.Popen(argv, ...)`` in a process group of its own, ended with the group when the block is left by
+    an exception; a stop ends it wherever it is (:func:`_stops_end_children`).
+
+    Raises:
+        FileNotFoundError, PermissionError: the program cannot be run.
+        KeyboardInterrupt: a stop came while it started.
+    """
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, **popen)
+    _children.add(proc)
+    try:
+        if _stopping:  # the stop's handler ran before the line above: it did not see this child
+            raise KeyboardInterrupt
+        yield proc
+    except BaseException:
+        _end(proc)
+        raise
+    finally:
+        _children.discard(proc)
+
+
+@contextlib.contextmanager
+def _stops_end_children():
+    """Within the block, Ctrl-C (SIGINT) or SIGTERM kills every child running (:data:`_children`) at once and raises
+    :class:`Stopped` in the main thread. Each child leads its own process group, so a terminal's Ctrl-C does not
+    reach it and nothing else ends it: it would otherwise run on to its timeout (up to 900 s) while a thread waits
+    for it. Outside the main thread (where no handler can be set) the signals are left as they are."""
+    global _stopping
+    _stopping = False
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, _frame):
+        global _stopping
+        _stopping = True
+        for proc in list(_children):
+            _kill(proc)
+        raise Stopped(signum)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _capture(argv: list[str], timeout: float = 120, env: dict | None = None) -> tuple[int, str, str] | None:
+    """Run a read-only probe and capture its output: (exit code, stdout, stderr); None when the program does not
+    exist; (:data:`TIMED_OUT`, "", "timed out after N s") when it ran past ``timeout`` (seconds), ended with
+    everything it started."""
+    try:
+        with _child(argv, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _end(proc)
+                return TIMED_OUT, "", f"timed out after {timeout:.0f} s"
     except (FileNotFoundError, PermissionError):
         return None
-    except subprocess.TimeoutExpired:
-        return 124, "", f"timed out after {timeout:.0f} s"
-    return p.returncode, p.stdout, p.stderr
+    return proc.returncode, out, err
+
+
+def _pip_probe(argv: list[str], what: str, if_skipped: str, timeout: float,
+               env: dict | None = None) -> tuple[int, str, str] | None:
+    """:func:`_capture` of a read-only pip command, with a line saying what it waits for and, when pip does not
+    answer within ``timeout`` seconds (at most :data:`DRY_RUN_PROBE_TIMEOUT_S` in a dry run), a line saying what was
+    skipped and what is taken instead (``if_skipped``)."""
+    if _probe_cap_s is not None:
+        timeout = min(timeout, _probe_cap_s)
+    print(f"  waiting for pip (at most {timeout:.0f} s): {what}", flush=True)
+    out = _capture(argv, timeout=timeout, env=env)
+    if out is not None and out[0] == TIMED_OUT and not out[1]:
+        print(f"  skipped {what}: pip did not answer in {timeout:.0f} s; {if_skipped}", flush=True)
+    return out
 
 
 def _last_line(text: str) -> str:
@@ -560,7 +673,8 @@ def configured_sources(python: str) -> PipSources:
     """The sources ``python -m pip install`` uses, read from ``pip config list`` (pip merges every configuration
     file and PIP_* variable there): per key, a PIP_* variable (``:env:``) wins over an ``[install]`` section,
     which wins over ``[global]``, as in pip. Without readable output: PyPI alone."""
-    out = _capture([python, "-m", "pip", "config", "list"], timeout=60)
+    out = _pip_probe([python, "-m", "pip", "config", "list"], "pip's configuration (pip config list)",
+                     "PyPI alone is taken as its source", timeout=60)
     found: dict[str, dict[str, str]] = {}
     for line in (out[1] if out and out[0] == 0 else "").splitlines():
         m = _CONFIG_LINE.match(line.strip())
@@ -599,7 +713,9 @@ def pip_versions(python: str, name: str, sources: PipSources | None = None) -> s
         argv, env = [python, "-m", "pip", "index", "versions", name, *args], {}
     else:
         argv, env = isolated_pip(python, ["index", "versions", name], sources, *args)
-    out = _capture(argv, timeout=60, env={**os.environ, **env})
+    where = (", ".join(sources.indexes + sources.find_links) or "no source") if sources else "pip's configured sources"
+    out = _pip_probe(argv, f"the versions of {name} at {where}", "taken as offering none", timeout=60,
+                     env={**os.environ, **env})
     m = re.search(r"Available versions:\s*(.*)", out[1]) if out and out[0] == 0 else None
     return {v.strip() for v in m.group(1).split(",")} if m else set()
 
@@ -691,7 +807,11 @@ def _local_wheels(python: str, local: PipSources, requirements: list[str], no_de
         argv, env = isolated_pip(python, ["install"], local, "--dry-run", "--ignore-installed", "--quiet",
                                  "--only-binary", ":all:", "--report", str(report),
                                  *(["--no-deps"] if no_deps else []), *requirements)
-        out = _capture(argv, timeout=900, env={**os.environ, **env})  # pip hashes every wheel it reads: GBs
+        # Named without their extras and markers: torch's CUDA libraries carry long ones.
+        wanted = ", ".join(re.sub(r"\[.*?\]", "", r.partition(";")[0]).strip() for r in requirements)
+        where = ", ".join(local.indexes + local.find_links)
+        out = _pip_probe(argv, f"a local copy of {wanted} in {where} (pip hashes every wheel it reads)",
+                         "taken as not there", timeout=900, env={**os.environ, **env})
         try:
             items = json.loads(report.read_text(encoding="utf-8"))["install"] if out and out[0] == 0 else None
         except (OSError, ValueError, KeyError):
@@ -1353,13 +1473,13 @@ def run_pip(argv: list[str], env: dict[str, str] | None, log: list[str]) -> tupl
     returns (exit code, last lines of output)."""
     log.append(_show(argv, env))
     print(f"  $ {log[-1]}", flush=True)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
     tail: list[str] = []
-    for line in proc.stdout:
-        print(f"    | {line.rstrip()}", flush=True)
-        tail = (tail + [line.rstrip()])[-60:]  # a failed build's traceback sits above pip's summary
-    return proc.wait(), "\n".join(tail)
+    with _child(argv, {**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True) as proc:
+        for line in proc.stdout:
+            print(f"    | {line.rstrip()}", flush=True)
+            tail = (tail + [line.rstrip()])[-60:]  # a failed build's traceback sits above pip's summary
+        return proc.wait(), "\n".join(tail)
 
 
 def _show(argv: list[str], env: dict[str, str] | None = None) -> str:
@@ -1698,8 +1818,26 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit code (0 healthy, 1 broken base environment, 2 bad arguments)."""
+    """Entry point; returns the exit code (0 healthy, 1 broken base environment, 2 bad arguments, 130 Ctrl-C, 143
+    SIGTERM)."""
+    global _probe_cap_s
     args = parse_args(argv)
+    _probe_cap_s = DRY_RUN_PROBE_TIMEOUT_S if args.dry_run else None
+    try:
+        with _stops_end_children():
+            return _run(args)
+    except KeyboardInterrupt as stop:
+        signum = getattr(stop, "signum", signal.SIGINT)
+        after = ("nothing was changed" if args.dry_run else
+                 "the pip command running was ended: run python install_dependencies.py again to finish")
+        print(f"stopped ({'SIGTERM' if signum == signal.SIGTERM else 'Ctrl-C'}); {after}", file=sys.stderr, flush=True)
+        return 128 + signum
+    finally:
+        _probe_cap_s = None
+
+
+def _run(args: argparse.Namespace) -> int:
+    """:func:`main` after its command line: probe, plan, and (unless a dry run) install and report."""
     try:
         check_arguments(args)
         info = detect_platform(args.python)

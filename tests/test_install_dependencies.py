@@ -16,10 +16,12 @@ import importlib.metadata
 import io
 import json
 import os
+import signal
 import site
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import tracemalloc
 import zipfile
@@ -1147,3 +1149,91 @@ def test_after_installing_torch_the_compute_capability_nvidia_smi_gave_still_win
     report = {"torch": {}, "commands": [], "errors": [], "warnings": [], "base": {}}
     after, _ = inst._install_torch(plan, info, inst.load_requirements("cuda"), False, report)
     assert after.compute_capability == "9.0" and report["torch"]["action"] == "installed" and not report["errors"]
+
+
+# ---- a pip that does not answer (issue 63) ------------------------------------------------------------------------
+
+HANG_GUARD_S = 50  # far above what either test needs: only a hang reaches it
+
+
+def _hanging_pip(folder: Path) -> tuple[Path, Path]:
+    """A stand-in interpreter whose pip answers ``pip config list`` with a local find-links folder and ``pip index``
+    with nothing, and hangs on ``pip install`` (the local-copy probe) in a child of its own, as pip does while it
+    hashes a folder of wheels; anything else runs this interpreter. Returns the stand-in and the file where the
+    hanging one writes its pid and its child's."""
+    pids, python = folder / "pids", folder / "python"
+    python.write_text(f"""#!/bin/bash
+if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
+  case "$3" in
+    config) echo "global.find-links='{folder / 'wheels'}'"; exit 0 ;;
+    install) sleep 600 & echo "$$ $!" > {pids}.part && mv {pids}.part {pids}; wait; exit 1 ;;
+    *) exit 1 ;;
+  esac
+fi
+exec {sys.executable} "$@"
+""")
+    python.chmod(0o755)
+    return python, pids
+
+
+def _all_gone(pids: list[int]) -> bool:
+    """Whether every process of ``pids`` ends (SIGKILL is delivered asynchronously: a bounded wait, not a timing)."""
+    from tests.test_build_stops import gone
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not all(map(gone, pids)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs bash and /proc (Linux)")
+def test_a_dry_run_skips_a_pip_probe_that_does_not_answer_with_a_line_before_and_after(tmp_path, monkeypatch, capsys):
+    """Issue 63: the dry run printed "looking for a local copy of the pinned pair" and then nothing for minutes while
+    pip read local wheel folders under a 900 s timeout. Each probe of a dry run now waits at most
+    DRY_RUN_PROBE_TIMEOUT_S (lowered here), says what it waits for, and what it skipped; the hanging pip is ended with
+    the child it started."""
+    python, pids = _hanging_pip(tmp_path)
+    monkeypatch.setattr(inst, "DRY_RUN_PROBE_TIMEOUT_S", 1)
+    monkeypatch.setattr(inst, "detect_platform",
+                        lambda python: make_info(python=python, torch_version=None, torchvision_version=None))
+    monkeypatch.setattr(inst, "probe_torch", lambda python: {"torch_version": None, "torchvision_version": None})
+    monkeypatch.setattr(inst, "installed_versions", lambda python: ALL_BASE)
+    codes = []
+    run = threading.Thread(target=lambda: codes.append(inst.main(["--dry-run", "--python", str(python)])), daemon=True)
+    run.start()
+    run.join(HANG_GUARD_S)
+    assert not run.is_alive(), f"the dry run still waits on pip after {HANG_GUARD_S} s"
+    out = capsys.readouterr().out
+    probe = f"a local copy of torch=={T}, torchvision=={V} in {tmp_path / 'wheels'} (pip hashes every wheel it reads)"
+    assert f"  waiting for pip (at most 1 s): {probe}\n" in out
+    assert f"  skipped {probe}: pip did not answer in 1 s; taken as not there\n" in out
+    assert codes == [1] and "Plan (dry run: nothing will be changed)" in out  # no source for the pair: its error
+    assert _all_gone([int(pid) for pid in pids.read_text().split()]), "pip or its child was left running"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs bash and /proc (Linux)")
+def test_ctrl_c_during_a_pip_probe_is_one_line_exit_130_and_ends_pip_with_its_children(tmp_path):
+    """Issue 63: Ctrl-C printed a KeyboardInterrupt traceback and took 58 s to exit. The installer runs as a terminal
+    runs a command (a process group of its own) and gets Ctrl-C as the terminal sends it (SIGINT to that group)
+    while pip hangs."""
+    python, pids = _hanging_pip(tmp_path)
+    installer = subprocess.Popen([sys.executable, str(REPO / "install_dependencies.py"), "--dry-run", "--platform",
+                                  "cpu", "--python", str(python), "--report", str(tmp_path / "report.json")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + HANG_GUARD_S
+        while not pids.exists() and installer.poll() is None:
+            assert time.monotonic() < deadline, "pip install was never run"
+            time.sleep(0.05)
+        assert pids.exists(), f"the installer ended before it ran pip install: {installer.communicate()}"
+        os.killpg(installer.pid, signal.SIGINT)
+        out, err = installer.communicate(timeout=HANG_GUARD_S)
+    finally:
+        if installer.poll() is None:
+            os.killpg(installer.pid, signal.SIGKILL)
+            installer.wait()
+    assert installer.returncode == 130, (out, err)
+    assert err.splitlines() == ["stopped (Ctrl-C); nothing was changed"], err
+    assert _all_gone([int(pid) for pid in pids.read_text().split()]), "pip or its child was left running"
+    assert not (tmp_path / "report.json").exists()
