@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from utils.bench import PROTOCOL, SUDOKU, not_a_checkout, paired_median, serve_steps, sudoku_batch  # noqa: E402
-from utils.cli import ArgumentParser  # noqa: E402
+from utils.cli import ArgumentParser, positive_int  # noqa: E402
 
 # torch, the models and the trainer's parts are imported where they are used: they take seconds to load, and --help
 # or a bad command line is answered before any of them (main checks the command line first, as pretrain.py does).
@@ -385,14 +385,17 @@ def parse_args(argv: list[str] | None):
                              "same configuration, batch and dtype (TRM models, CPU; scripts/reference_trm.py)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: cpu)")
-    parser.add_argument("--batch-size", type=int, default=None,
+    parser.add_argument("--batch-size", type=positive_int, default=None,
                         help=f"rows per step (default: {CPU_BATCH} on a CPU, each recipe's global_batch_size elsewhere)")
-    parser.add_argument("--rounds", type=int, default=5, help="timed interleaved rounds per model (default: 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per mode first, compilation included (default: 2)")
-    parser.add_argument("--gemm-size", type=int, default=None, help="side of the peak GEMM (default: 2048 CPU, 8192 GPU)")
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="timed interleaved rounds per model (default: 5)")
+    parser.add_argument("--warmup", type=positive_int, default=2,
+                        help="untimed steps per mode first, compilation included (default: 2)")
+    parser.add_argument("--gemm-size", type=positive_int, default=None,
+                        help="side of the peak GEMM (default: 2048 CPU, 8192 GPU)")
     parser.add_argument("--no-compile", action="store_true", help="time the eager step only")
     parser.add_argument("--json", action="store_true", help="also print each row as one JSON line")
-    parser.add_argument("--profile", type=int, default=0, metavar="N",
+    parser.add_argument("--profile", type=positive_int, default=0, metavar="N",
                         help="instead of the table: N compiled steps (eager with --no-compile) of each model under "
                              "torch.profiler, and where their time goes: kernels by time, the GEMM and attention "
                              "shares, the gaps between kernels, the host syncs with the line that causes each")
@@ -402,8 +405,6 @@ def parse_args(argv: list[str] | None):
     unknown = [m for m in args.models.split(",") if m not in MODELS]
     if unknown:
         parser.error(f"--models: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    if args.rounds < 1 or args.warmup < 1 or (args.batch_size is not None and args.batch_size < 1):
-        parser.error("--rounds, --warmup and --batch-size must be >= 1")
     if args.reference_dir:
         if args.device != "cpu" or args.no_compile or args.profile:
             parser.error("--reference-dir times the CPU steps, compiled and eager: leave out --device, --no-compile "

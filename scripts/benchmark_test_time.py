@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from utils.cli import ArgumentParser  # noqa: E402
+from utils.cli import ArgumentParser, positive_int  # noqa: E402
 from utils.data.puzzle_dataset import PuzzleDataset  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.distributed import Dist  # noqa: E402
@@ -46,19 +46,8 @@ from utils.outputs import check_writable_file  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
 
 
-def positive(text: str) -> int:
-    """A whole number of 1 or more (a count).
-
-    Raises:
-        argparse.ArgumentTypeError: anything else.
-    """
-    if not text.strip().isdecimal() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
-    return int(text)
-
-
 def ints(text: str) -> list[int]:
-    """``N,N,...`` -> ``[N, ...]``, each :func:`positive` (counts of segments or rollouts).
+    """``N,N,...`` -> ``[N, ...]``, each :func:`~utils.cli.positive_int` (counts of segments or rollouts).
 
     Raises:
         argparse.ArgumentTypeError: no number at all, or an item that is not such a number.
@@ -66,7 +55,7 @@ def ints(text: str) -> list[int]:
     found = [item for item in text.split(",") if item.strip()]
     if not found:
         raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers of 1 or more separated by commas, e.g. 1,2,8")
-    return [positive(item) for item in found]
+    return [positive_int(item) for item in found]
 
 
 def pairs(text: str) -> list[tuple[int, int]]:
@@ -196,7 +185,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--grid", action="store_true",
                         help="the whole --segments x --rollouts grid from one set of passes, model-only and checked")
-    parser.add_argument("--max-examples", type=positive,
+    parser.add_argument("--max-examples", type=positive_int,
                         help="stop after about this many puzzles (whole batches of --batch-size)")
     parser.add_argument("--picture", help="--grid: also draw accuracy against test-time compute into this PNG")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from utils.cli import ArgumentParser  # noqa: E402
+from utils.cli import ArgumentParser, add_workers_argument  # noqa: E402
 from utils.device import cpu_name  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated check names (default: all; see --list)")
     parser.add_argument("--list", action="store_true", help="list the checks and exit")
-    parser.add_argument("--workers", type=int, default=4, help="checks run at once (default: 4)")
+    add_workers_argument(parser, "checks run at once", default=4)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda (default), or cpu to rehearse this script without a GPU")
     args = parser.parse_args(argv)
@@ -360,8 +360,6 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in {c.name for c in CHECKS}]
         if unknown:
             raise UserError(f"--only: no check named {unknown[0]!r}; the checks: {', '.join(c.name for c in CHECKS)}")
-        if args.workers < 1:
-            raise UserError(f"--workers {args.workers}: give 1 or more")
         if args.device == "cuda" and not torch.cuda.is_available():
             print(f"no NVIDIA GPU here (torch {torch.__version__} sees no CUDA device): nothing was checked; run this "
                   "on a machine with one", flush=True)

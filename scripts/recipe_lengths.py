@@ -146,7 +146,17 @@ def table(sizes: list[RecipeSize], failed: dict[str, str], machines: tuple[Machi
     return "\n".join(lines)
 
 
+def known_recipes() -> list[str]:
+    """The recipes of config/ (``cfg_*.yaml``), by name: what the table counts with no RECIPE given."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("cfg_*.yaml"))
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line (default: ``sys.argv``), each RECIPE checked against config/.
+
+    Raises:
+        SystemExit: 0 after ``--help``; 2 after one ``error:`` line for a bad command line or an unknown RECIPE.
+    """
     parser = ArgumentParser(
         description="Print how long each training recipe of config/ takes on a 2-core AVX2 CPU, an Apple M1 GPU and "
                     "one H100/H200, from its FLOPs and a stated rate per machine (a markdown table; no data is built).",
@@ -157,13 +167,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="config/<RECIPE>.yaml to count (default: every recipe in config/)")
     parser.add_argument("--here", action="store_true",
                         help="add a column for this machine: its GEMM timed now (a second) at the trainers' step share")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # A name that is no recipe is a typo to fix before anything is counted, not a row of the table (the rows that
+    # stay are known recipes whose dataset size is unknown).
+    known = known_recipes()
+    unknown = [name for name in args.recipes if name not in known]
+    if unknown:
+        parser.error(f"unknown recipe {', '.join(unknown)}: config/ has no such cfg_*.yaml; known recipes: "
+                     f"{', '.join(known)}; give none to count them all")
+    return args
 
 
 def run(args: argparse.Namespace) -> int:
     from utils.errors import UserError
 
-    names = args.recipes or sorted(p.stem for p in CONFIG_DIR.glob("cfg_*.yaml"))
+    names = args.recipes or known_recipes()
     sizes, failed = [], {}
     for name in names:
         try:

@@ -159,7 +159,7 @@ def test_evaluate_flag(trained_run, tmp_path, capsys, flags, fragment):
     (["--generate", "--test-size", "-1"], "--test-size must be >= 1, got -1"),
     (["--generate", "--num-aug", "-1"], "--num-aug must be >= 0, got -1"),
     (["--generate", "--min-blanks", "99"], "--min-blanks must be in [0, 64]"),
-    (["--generate", "--workers", "0"], "--workers must be >= 1, got 0"),
+    (["--generate", "--workers", "0"], "argument --workers: '0': give 1 to "),
     (["--source-dir", "{missing}"], "not found"),
     (["--generate", "--source-dir", "{missing}"], "choose exactly one source"),
     (["--generate", "--repo", "owner/data"], "--repo and --revision pick the Hugging Face Hub source"),
@@ -265,6 +265,72 @@ def test_script_flag(tmp_path, capsys, script, flags, fragment):
     finally:
         _sys.argv = old
     assert_one_line(capsys, code, fragment)
+
+
+def _no_work(what: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{what} began before the command line was checked")
+    return refuse
+
+
+@pytest.mark.parametrize("flags,fragment", [
+    (["--profile", "-1"], "argument --profile: '-1': give a whole number of 1 or more"),
+    (["--profile", "0"], "argument --profile: '0'"),
+    (["--gemm-size", "-5"], "argument --gemm-size: '-5': give a whole number of 1 or more"),
+    (["--rounds", "-1"], "argument --rounds: '-1'"),
+    (["--warmup", "0"], "argument --warmup: '0'"),
+    (["--batch-size", "0"], "argument --batch-size: '0'"),
+])
+def test_benchmark_step_refuses_a_bad_number_before_the_warm_up(monkeypatch, capsys, flags, fragment):
+    """Issue 63: --profile -1 and --gemm-size -5 ran the warm-up, then ended in a traceback."""
+    from scripts import benchmark_step
+    monkeypatch.setattr(benchmark_step, "device_and_dtype", _no_work("the benchmark"))
+    assert_one_line(capsys, exit_code(lambda: benchmark_step.main(["--models", "trm_cpu", *flags])), fragment)
+
+
+def test_recipe_lengths_refuses_an_unknown_recipe_and_names_the_known_ones(monkeypatch, capsys):
+    """Issue 63: an unknown recipe was a row of the table with the error in a cell, exit code 1."""
+    from scripts import recipe_lengths
+    monkeypatch.setattr(recipe_lengths, "recipe_size", _no_work("counting"))
+    code = exit_code(lambda: recipe_lengths.main(["cfg_pretrain_cpu", "UNKNOWN"]))
+    assert_one_line(capsys, code, "unknown recipe UNKNOWN: config/ has no such cfg_*.yaml; known recipes: "
+                                  "cfg_pretrain, ")
+
+
+@pytest.mark.parametrize("workers", ["0", "100000"])
+@pytest.mark.parametrize("command", ["build_sudoku_dataset", "build_maze_dataset", "check_gpu"])
+def test_workers_above_the_bound_of_every_command_are_refused_before_a_worker_starts(
+        monkeypatch, tmp_path, capsys, command, workers):
+    """Issue 63: --workers 100000 forked about 4,300 processes. Every command with --workers takes at most
+    utils.cli.WORKERS_PER_CORE per core, and says so."""
+    import os
+
+    from scripts import check_gpu
+    from utils import cli
+    from utils.data import common
+    from utils.data.maze import main as build_maze_main
+    monkeypatch.setattr(common, "worker_pool", _no_work("a worker pool"))
+    monkeypatch.setattr(check_gpu, "build_data", _no_work("check_gpu"))
+    out = ["--generate", "--output-dir", str(tmp_path / "out")]
+    run = {"build_sudoku_dataset": lambda: cli_main(lambda: build_sudoku_main([*out, "--workers", workers]) and 0),
+           "build_maze_dataset": lambda: cli_main(lambda: build_maze_main([*out, "--workers", workers]) and 0),
+           "check_gpu": lambda: check_gpu.main(["--device", "cpu", "--workers", workers])}[command]
+    code = exit_code(run)
+    bound = cli.WORKERS_PER_CORE * (os.cpu_count() or 1)
+    assert_one_line(capsys, code, f"argument --workers: '{workers}': give 1 to {bound} (at most "
+                                  f"{cli.WORKERS_PER_CORE} per core; {os.cpu_count() or 1} cores here)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_workers_bound_takes_its_own_value_and_refuses_the_next():
+    import argparse
+
+    from utils import cli
+    bound = cli.max_workers()
+    assert cli.worker_count(str(bound)) == bound and cli.worker_count("1") == 1
+    for bad in (str(bound + 1), "0", "-1", "two", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"give 1 to {bound} "):
+            cli.worker_count(bad)
 
 
 def test_sudoku_builder_on_a_latin1_csv(tmp_path, capsys):

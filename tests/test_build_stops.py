@@ -10,12 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import pretrain
+from utils.data import common
 
 REPO = Path(__file__).resolve().parents[1]
 # A recipe per builder that uses workers, its data build made long enough that it cannot end before the stop.
@@ -95,3 +97,27 @@ def test_campaign5_p11_sigterm_to_the_expert_generator_ends_its_workers_with_one
         time.sleep(0.1)
     assert all(map(gone, workers))
     assert list(tmp_path.iterdir()) == []  # neither the dataset nor its staging folder
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread(),
+                    reason="forks its workers and finds them in /proc; a signal's handler runs in the main thread")
+def test_issue63_a_stop_while_the_pool_starts_ends_it_after_the_fork_in_progress_with_no_worker_left(monkeypatch):
+    """Issue 63: the stop signals were held while all the workers forked (--workers 100000: about 4,300 of them), so a
+    stop waited for the whole start. Ctrl-C comes here as the second worker forks; the start goes no further, and the
+    two workers are ended before the stop leaves the pool."""
+    forked, fork = [], os.fork
+
+    def fork_then_stop():
+        pid = fork()
+        if pid:  # the main process
+            forked.append(pid)
+            if len(forked) == 2:  # to the main thread, as the kernel may hand a terminal's Ctrl-C
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        with common.worker_pool(6):
+            pass
+    assert len(forked) == 2
+    assert all(map(gone, forked))

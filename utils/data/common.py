@@ -235,21 +235,26 @@ def worker_pool(workers: int) -> Iterator[Workers]:
     the main process stops the build) and die of the SIGTERM with which the pool ends them. A signal in the main
     process (raised there by its handler: a trainer's at-once stop, Ctrl-C, a command's SIGTERM) leaves the block
     with its exception, and the workers are ended before it goes on; they also end with the main process however it
-    ends (on Linux; :func:`_worker_signals`), so none is left running at full CPU without it. The workers start with
-    SIGINT and SIGTERM held, so a stop sent meanwhile reaches the main process after the pool is up, and no worker
-    runs the main process's handler.
+    ends (on Linux; :func:`_worker_signals`), so none is left running at full CPU without it. Each worker forks with
+    SIGINT and SIGTERM held (:class:`_HeldStartProcess`), so that it never runs the main process's handler; they are
+    held for one fork at a time, not the whole start, so a stop while the pool starts is acted on after the fork in
+    progress: the workers started so far are ended and no more are started.
     """
     if workers <= 1:
         yield Workers(None)
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    before = set(multiprocessing.active_children())
     try:
-        pool = multiprocessing.Pool(workers, _worker_signals)
+        pool = _Pool(workers, _worker_signals)
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        # Pool() ends the workers it started only on an Exception; a stop (KeyboardInterrupt) passes through it.
+        started = [p for p in multiprocessing.active_children() if isinstance(p, _HeldStartProcess) and p not in before]
+        for process in started:
+            process.terminate()
+        for process in started:
+            process.join()
         raise
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a stop that came meanwhile is raised here, in the block
         yield Workers(pool)
     finally:
         # The ending runs in a thread of its own, where no signal handler runs: a second stop (or a trainer's repeat
@@ -257,6 +262,27 @@ def worker_pool(workers: int) -> Iterator[Workers]:
         ender = threading.Thread(target=_end, args=(pool,), name="end generation workers")
         ender.start()
         ender.join()
+
+
+class _HeldStartProcess(multiprocessing.context.Process):
+    """A generation worker that forks with SIGINT and SIGTERM held: until :func:`_worker_signals` has run in it, a
+    signal would run the main process's handler there (a trainer's graceful stop would swallow the SIGTERM that ends
+    it). A stop that came during the fork is raised in the main process as the signals are let through again."""
+
+    def start(self) -> None:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            super().start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+class _Pool(multiprocessing.pool.Pool):
+    """``multiprocessing.Pool`` whose workers are :class:`_HeldStartProcess` (the default start method's)."""
+
+    @staticmethod
+    def Process(ctx, *args, **kwargs):  # noqa: N802 (Pool's name)
+        return _HeldStartProcess(*args, **kwargs)
 
 
 def _end(pool: multiprocessing.pool.Pool) -> None:

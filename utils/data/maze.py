@@ -39,7 +39,7 @@ from utils.data import common
 from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
                                csv_source, dihedral, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import DatasetError
-from utils.cli import ArgumentParser
+from utils.cli import ArgumentParser, add_workers_argument
 
 HUB_REPO = "sapientinc/maze-30x30-hard-1k"  # the reference builder's source_repo
 CHARSET = "# SGo"  # token = index + 1; 0 is the pad
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> Path:
                           "size 30 as in the HRM paper; round(110 * (size/30)^1.13) for other sizes)")
     gen.add_argument("--wall-density", type=float, nargs=2, metavar=("LOW", "HIGH"), default=WALL_DENSITY,
                      help="each maze's wall probability is drawn from [LOW, HIGH] (default 0.3 0.5, as Lehnert et al.)")
-    gen.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    add_workers_argument(gen, "worker processes")
     args = parser.parse_args(argv)
     return build_maze_dataset(
         args.output_dir, source_dir=args.source_dir, generate=args.generate, size=args.size, train_size=args.train_size,

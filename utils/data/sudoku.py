@@ -47,7 +47,7 @@ from utils.data.sudoku_symmetry import grid_fingerprints
 from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
                                csv_source, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import RATINGS_FIELD, DatasetError, band_name, rating_bands
-from utils.cli import ArgumentParser
+from utils.cli import ArgumentParser, add_workers_argument
 
 HUB_REPO = "sapientinc/sudoku-extreme"  # the reference builder's source_repo
 SEQ_LEN = 81
@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> Path:
                         help="--generate only: expert puzzles, minimal ones found by a local search over clue moves "
                              "(utils/data/sudoku_expert.py), rated >= --min-rating (default 20) with a median near 60; "
                              "about a second of CPU each")
-    parser.add_argument("--workers", type=int, default=1, help="--generate only: worker processes (default 1)")
+    add_workers_argument(parser, "--generate only: worker processes")
     parser.add_argument("--rating-scale", choices=sorted(sudoku_rating.RATING_SCALES), default="singles",
                         help="--expert only: whose guesses the climb, --min-rating and the recorded ratings count: "
                              "singles (this project's solver, default) or tdoku (Sudoku-Extreme's scale; default "
