@@ -340,20 +340,32 @@ def rollout_answers(forward: Callable, head, batch: dict[str, torch.Tensor], ttc
         yield from _side_by_side(forward, head, batch, ttc, draws[first:first + together], stop)
 
 
-def _side_by_side(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
-                  draws: list[tuple[float, int]], stop: Optional[Callable[[], bool]]) -> list[dict[str, torch.Tensor]]:
-    """The answers of the rollouts ``draws`` of ``batch``, in one batch of ``len(draws) x B`` rows."""
-    total = ttc.segments or head.model.config.halt_max_steps
-    carry = stacked_initial_carry(head, batch, draws)
+def run_segments(forward: Callable, carry: Carry, total: int, stop: Optional[Callable[[], bool]] = None
+                 ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    """``(t, outputs)`` after each segment t = 1..``total`` of every row of ``carry`` (its ``current_data`` the
+    batch), every row reasoning on past the ACT wrapper's own halting.
+
+    Raises:
+        Cancelled: ``stop`` (asked before every segment) said so.
+    """
     rows = carry.current_data
-    stopped = torch.zeros_like(carry.halted)
-    kept: dict[str, torch.Tensor] = {}
-    frames, confidences = [], []
     for t in range(1, total + 1):
         if stop is not None and stop():
             raise Cancelled(f"stopped before segment {t} of {total}")
         carry, _, _, outputs, _ = forward(carry, rows)
         carry.halted = torch.zeros_like(carry.halted)  # keep reasoning past the ACT wrapper's own halting
+        yield t, outputs
+
+
+def _side_by_side(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
+                  draws: list[tuple[float, int]], stop: Optional[Callable[[], bool]]) -> list[dict[str, torch.Tensor]]:
+    """The answers of the rollouts ``draws`` of ``batch``, in one batch of ``len(draws) x B`` rows."""
+    total = ttc.segments or head.model.config.halt_max_steps
+    carry = stacked_initial_carry(head, batch, draws)
+    stopped = torch.zeros_like(carry.halted)
+    kept: dict[str, torch.Tensor] = {}
+    frames, confidences = [], []
+    for t, outputs in run_segments(forward, carry, total, stop):
         fresh = {"logits": outputs["logits"], "q_halt_logits": outputs["q_halt_logits"].float(),
                  "segments": torch.full_like(carry.steps, t)}
         kept = fresh if not kept else {k: torch.where(stopped.view(-1, *[1] * (v.ndim - 1)), kept[k], v)
