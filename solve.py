@@ -23,6 +23,7 @@ import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is im
 
 import argparse
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -146,18 +147,23 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     check_budget(trained, ttc, args, device, 1 if args.budget else len(puzzles))  # before any work
     if args.budget is None:
         answers, notes, spent, rate = fixed_compute(trained, task, puzzles, ttc, device)
+        helps = True
     else:
-        answers, notes, spent, rate = anytime(args.budget, trained, task, puzzles, ttc, device)
+        answers, notes, spent, rate, helps = anytime(args.budget, trained, task, puzzles, ttc, device)
     out.mkdir(parents=True, exist_ok=True)
     earlier = len(list(out.glob(f"{task}_*.png"))) - len(list(out.glob(f"{task}_*_strip.png")))
-    for i, (found, note) in enumerate(zip(answers, notes)):
+    for i, (found, note, (name, _)) in enumerate(zip(answers, notes, puzzles)):
+        if found is None:  # no answer can obey its rules: nothing was run
+            print(f"\n{name}: {note}")
+            continue
         report(found, out / unused_stem(out, f"{task}_{i + 1}", ANSWER_ENDINGS), ttc.views, note)  # files there kept
     kept = f" (beside {earlier} earlier answer(s) there: delete them, or give --out, to keep runs apart)" * bool(earlier)
-    consistent = sum(a.consistent for a in answers)
+    consistent = sum(a is not None and a.consistent for a in answers)
     print(f"\n{consistent} of {len(answers)} answer(s) consistent; {spent}; pictures in {out}{kept}")
     if consistent == len(answers):
         return 0
-    print(what_would_help(args.budget, ttc, trained, rate), flush=True)
+    if helps:
+        print(what_would_help(args.budget, ttc, trained, rate), flush=True)
     return 1
 
 
@@ -176,14 +182,15 @@ def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str],
             passes * len(puzzles) / max(seconds, 1e-9))
 
 
-def anytime(budget: float, trained, task, puzzles, ttc, device) -> tuple[list, list[str], str, float]:
+def anytime(budget: float, trained, task, puzzles, ttc, device) -> tuple[list, list[str], str, float, bool]:
     """Each puzzle solved under ``budget`` seconds (utils/eval/anytime.py), its progress shown while it runs; the
-    answers, a note for each (what it spent), what they cost, and the segment passes a second this machine gave."""
+    answers (None for a puzzle with no solution), a note for each (what it spent, or why nothing was), what they
+    cost, the segment passes a second this machine gave, and whether more time could help one that failed."""
     from tqdm import tqdm
 
-    from utils.eval.anytime import protocol, solve_anytime
+    from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
 
-    answers, notes, passes, seconds = [], [], 0, 0.0
+    answers, notes, passes, seconds, helps = [], [], 0, 0.0, False
     for name, tokens in puzzles:
         with tqdm(total=budget, desc=name, unit="s", leave=False, bar_format="{desc}: {bar} {n:.1f}/{total:g} s"
                   "{postfix}") as bar:
@@ -194,13 +201,27 @@ def anytime(budget: float, trained, task, puzzles, ttc, device) -> tuple[list, l
 
             solved = solve_anytime(trained, task, name, tokens, budget, ttc, device, progress=shown)
         spent = solved.spent
-        found = "found in" if solved.solved else "none obeyed the rules in"
-        notes.append(f"{protocol(budget)}: {found} {spent.rounds} round(s), {spent.passes:,} segment passes, "
-                     f"{spent.seconds:.1f} s")
         answers.append(solved.answer)
+        if solved.ended == "unsolvable":
+            notes.append(f"{UNSOLVABLE[task]}; nothing was run")
+            continue
+        helps = helps or not solved.solved
+        found = "found in" if solved.solved else "none obeyed the rules in"
+        notes.append(f"{protocol(budget)}: {found} {spent.rounds} round(s) of {spent.trajectories} trajectories, "
+                     f"{spent.passes:,} segment passes, {spent.seconds:.1f} s" + own_answer_note(solved, budget))
         passes, seconds = passes + spent.passes, seconds + spent.seconds
-    return answers, notes, f"{passes:,} segment passes in {seconds:.1f} s ({protocol(budget)})", passes / max(
-        seconds, 1e-9)
+    return (answers, notes, f"{passes:,} segment passes in {seconds:.1f} s ({protocol(budget)})",
+            passes / max(seconds, 1e-9), helps)
+
+
+def own_answer_note(solved, budget: float) -> str:
+    """Where the budget ended before the model's own answer (round 0) was complete: that, and the budget that would
+    hold it here; else nothing."""
+    if solved.own_seconds is None:
+        return ""
+    fits = max(1, math.ceil(solved.own_seconds * 1.25))
+    return (f"\nthe budget ({budget:g} s) ended before the model's own answer (round 0) was complete: it needs about "
+            f"{solved.own_seconds:.1f} s here; --budget {fits} holds it")
 
 
 def passes_of(ttc, trained) -> int:

@@ -24,7 +24,7 @@ ESCARGOT = "1....7.9..3..2...8..96..5....53..9...1..8...26....4...3......1..4...
 
 
 class FakeClock:
-    """Seconds that advance ``step`` each time they are read, and by what :func:`each_round` charges a round."""
+    """Seconds that advance ``step`` each time they are read, and by what :func:`each_round` charges a segment."""
 
     def __init__(self, step: float = 0.0):
         self.now, self.step = 0.0, step
@@ -34,7 +34,7 @@ class FakeClock:
         return self.now
 
 
-PASS_S = 1 / 64  # what the fake clock charges a segment pass of one rollout (a power of 2: sums are exact)
+PASS_S = 1 / 64  # what the fake clock charges a segment pass of one trajectory (a power of 2: sums are exact)
 
 
 @pytest.fixture(scope="module")
@@ -44,18 +44,21 @@ def bundled():
 
 @pytest.fixture()
 def each_round(monkeypatch):
-    """The draws and the puzzle (as seen, in its view) of every round :func:`anytime.solve_anytime` runs; each round
-    moves ``each_round.clock`` by :data:`PASS_S` a segment pass, so the budget buys the same rounds on any machine."""
+    """The rounds :func:`anytime.solve_anytime` runs (first trajectory, count, and the clock's time before each of
+    their segments); every segment moves ``each_round.clock`` by :data:`PASS_S` a trajectory, so a budget buys the
+    same segments on any machine, however slow the clock's steps make it."""
     rounds = Rounds()
-    real = anytime.rollout_answers
+    real = anytime.run_trajectories
 
-    def spy(forward, head, batch, ttc, draws, stop=None):
-        rounds.append((list(draws), batch["inputs"][0].clone()))
-        answers = list(real(forward, head, batch, ttc, draws, stop))  # a generator: run the round, then charge it
-        rounds.clock.now += PASS_S * len(draws) * (ttc.segments or head.model.config.halt_max_steps)
-        return answers
+    def spy(trained, task, tokens, search, first, count, seed, device, stop=None):
+        starts = []
+        rounds.append((first, count, starts))
+        for segment in real(trained, task, tokens, search, first, count, seed, device, stop):
+            starts.append(rounds.clock.now)  # the time the segment was begun at: stop() read the clock just before
+            rounds.clock.now += PASS_S * count
+            yield segment
 
-    monkeypatch.setattr(anytime, "rollout_answers", spy)
+    monkeypatch.setattr(anytime, "run_trajectories", spy)
     return rounds
 
 
@@ -71,50 +74,96 @@ def own_compute(bundled) -> TestTimeCompute:
     return dataclasses.replace(TestTimeCompute.of_run(bundled.cfg), rollouts=1, views=1)
 
 
+def never(monkeypatch):
+    """No answer obeys the rules, for this test."""
+    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+
+
 def test_round_0_is_the_models_own_answer_and_a_consistent_one_ends_the_solve(bundled, each_round):
     tokens = parse_sudoku(HELD_OUT, "p")
     solved = anytime.solve_anytime(bundled, "sudoku", "p", tokens, 5.0, own_compute(bundled), CPU,
                                    clock=each_round.clock)
     assert solved.ended == "consistent" and solved.answer.consistent and solved.answer.selection == "checked"
-    assert (solved.spent.rounds, solved.spent.passes) == (1, 4) and each_round[0][0] == [(0.0, 0)]
+    assert solved.answer.unique is True and "NOT unique" not in solved.answer.verdict
+    assert [(first, count) for first, count, _ in each_round] == [(0, 1)]
     inputs = torch.from_numpy(tokens[None].astype(np.int32))
     plain = reason(bundled.head, bundled.head, {"inputs": inputs, "labels": inputs.long(),
                                                 "puzzle_identifiers": torch.zeros(1, dtype=torch.int32)},
-                   TestTimeCompute(segments=4))
-    assert np.array_equal(solved.answer.grid, plain["preds"][0].numpy())  # the references' answer of that puzzle
+                   TestTimeCompute(segments=4, keep_segments=True))
+    t = solved.answer.segments  # checked after every segment: the first consistent segment of the model's own
+    assert solved.spent.passes == t and np.array_equal(solved.answer.grid, plain["segment_preds"][0, t - 1].numpy())
+    assert np.array_equal(solved.answer.segment_grids, plain["segment_preds"][0, :t].numpy())
 
 
-def test_rounds_grow_in_fresh_seeds_and_views_until_the_budget_is_spent(bundled, each_round, monkeypatch):
-    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+def test_rounds_grow_in_fresh_trajectories_until_the_budget_is_spent(bundled, each_round, monkeypatch):
+    never(monkeypatch)
     tokens = parse_sudoku(ESCARGOT, "escargot")
     solved = anytime.solve_anytime(bundled, "sudoku", "escargot", tokens, 3.0, own_compute(bundled), CPU,
                                    clock=each_round.clock)
-    assert solved.ended == "budget" and not solved.answer.consistent
-    sizes = [len(draws) for draws, _ in each_round]  # 3 s at 1/16 s a rollout of 4 segments: 48 rollouts
-    assert sizes == [1, 1, 2, 4, 8, 16, 16]  # the last cut from 32 to what the budget had left
-    seeds = [seed for draws, _ in each_round for _, seed in draws]
-    assert len(seeds) == len(set(seeds))  # no rollout repeats another
-    assert [noise for noise, _ in each_round[0][0]] == [0.0] and {n for d, _ in each_round[1:] for n, _ in d} == {0.5}
-    for r, (_, seen) in enumerate(each_round):  # round r sees the puzzle in dihedral view r mod 8
-        assert np.array_equal(seen.numpy(), tokens[dihedral_order(9, r % 8)])
-    assert (solved.spent.rounds, solved.spent.passes, solved.spent.seconds) == (7, 4 * 48, 3.0)
+    assert solved.ended == "budget" and not solved.answer.consistent and solved.own_seconds is None
+    most = reasoning.rows_per_call(CPU, 81)
+    sizes = [count for _, count, _ in each_round]
+    assert sizes[:4] == [1, 1, 2, 4] and set(sizes[4:]) <= {min(8, most), most}
+    firsts = [first for first, _, _ in each_round]
+    assert firsts == list(np.cumsum([0] + sizes[:-1]))  # no trajectory repeats another
+    assert solved.spent.trajectories == sum(sizes) and solved.spent.passes == sum(
+        count * len(starts) for _, count, starts in each_round)
+    assert len(each_round[-1][2]) < 4  # the last round was cut by the deadline, not skipped
 
 
-def test_the_first_round_with_an_answer_that_obeys_the_rules_wins(bundled, each_round, monkeypatch):
+@pytest.mark.parametrize("step", [0.0, 0.3, 5.0])  # a clock that also moves when read: a slow, busy machine
+def test_the_budget_is_a_ceiling_round_0_included(bundled, each_round, monkeypatch, step):
+    never(monkeypatch)
+    each_round.clock.step = step
+    budget = 1.0
+    solved = anytime.solve_anytime(bundled, "sudoku", "e", parse_sudoku(ESCARGOT, "e"), budget, own_compute(bundled),
+                                   CPU, clock=each_round.clock)
+    starts = [t for _, _, times in each_round for t in times]
+    # Every segment after round 0's first began before the deadline: at most one segment runs past the budget.
+    assert all(t < budget + starts[0] for t in starts[1:]) and solved.answer is not None
+    if step == 5.0:  # round 0 did not fit: it is cut, and the solve says what it would need
+        assert len(starts) == 1 and solved.own_seconds is not None and solved.own_seconds > budget
+
+
+def test_a_sudoku_with_no_solution_ends_at_once_and_one_with_two_says_so(bundled, each_round):
+    no_solution = "12345678." + "........9" + "." * 63  # row 1 needs a 9 where column 9 has one: no clash in sight
+    solved = anytime.solve_anytime(bundled, "sudoku", "x", parse_sudoku(no_solution, "x"), 5.0, own_compute(bundled),
+                                   CPU, clock=each_round.clock)
+    assert solved.ended == "unsolvable" and solved.answer is None and solved.spent == anytime.Spent()
+    assert each_round == []  # the model never ran
+    two = parse_sudoku(HELD_OUT, "p")
+    two[np.flatnonzero(two > 1)[:20]] = 1  # 20 givens fewer: more than one solution
+    solved = anytime.solve_anytime(bundled, "sudoku", "y", two, 0.5, own_compute(bundled), CPU,
+                                   clock=each_round.clock)
+    assert solved.answer.unique is False and "the puzzle is NOT unique" in solved.answer.verdict
+
+
+def test_a_maze_whose_s_and_g_are_not_connected_spends_nothing(monkeypatch):
+    from utils.data.user_puzzles import parse_maze
+
+    maze = open_model(None, "maze", 100, 1, CPU, torch.float32)
+    rows = ["S    #    ", "     #    ", *["     #    "] * 7, "     #   G"]
+    tokens, _ = parse_maze("\n".join(rows), "m")
+    monkeypatch.setattr(anytime, "run_trajectories", lambda *a, **k: pytest.fail("the model ran"))
+    solved = anytime.solve_anytime(maze, "maze", "m", tokens, 5.0, own_compute(maze), CPU)
+    assert solved.ended == "unsolvable" and solved.spent.passes == 0
+
+
+def test_the_first_answer_that_obeys_the_rules_wins(bundled, each_round, monkeypatch):
     tokens = parse_sudoku(ESCARGOT, "escargot")
     first = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 0.001, own_compute(bundled), CPU,
-                                  clock=FakeClock(1.0)).answer.grid  # round 0 alone
+                                  clock=FakeClock(1.0)).answer.grid  # round 0's first segment alone
     monkeypatch.setitem(solving.RULES, "sudoku",
                         lambda answer, puzzle: [] if not np.array_equal(answer, first) else ["round 0's answer"])
     each_round.clear()
     solved = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 1e6, own_compute(bundled), CPU,
                                    clock=each_round.clock)
     assert solved.ended == "consistent" and not np.array_equal(solved.answer.grid, first)
-    assert solved.spent.rounds == len(each_round) >= 2
+    assert solved.spent.rounds == len(each_round) and solved.spent.passes >= 2
 
 
 def test_enough_ends_with_the_best_answer_so_far_and_cancel_abandons(bundled, each_round, monkeypatch):
-    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+    never(monkeypatch)
     tokens, asked = parse_sudoku(ESCARGOT, "e"), []
 
     def enough():
@@ -124,7 +173,7 @@ def test_enough_ends_with_the_best_answer_so_far_and_cancel_abandons(bundled, ea
     solved = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 1e6, own_compute(bundled), CPU, enough=enough,
                                    clock=each_round.clock)
     assert solved.ended == "stopped" and solved.answer is not None
-    assert (solved.spent.rounds, solved.spent.passes) == (3, 4 * (1 + 1 + 2) + 1 * 4)  # round 3: 1 segment of 4
+    assert (solved.spent.rounds, solved.spent.passes) == (4, 4 * (1 + 1 + 2) + 1 * 4)  # round 3: 1 segment of 4
     with pytest.raises(Cancelled):
         anytime.solve_anytime(bundled, "sudoku", "e", tokens, 1e6, own_compute(bundled), CPU, cancel=lambda: True,
                               clock=each_round.clock)
@@ -146,10 +195,12 @@ def test_rollouts_side_by_side_answer_as_one_at_a_time(bundled, monkeypatch):
 
 def test_solve_py_exits_1_with_the_best_answer_and_what_would_help(tmp_path, capsys):
     args = ["--sudoku", ESCARGOT, "--device", "cpu", "--out", str(tmp_path / "out")]
-    assert solve.main([*args, "--budget", "0.001"]) == 1  # round 0 alone: the model's own answer fails here
+    assert solve.main([*args, "--budget", "0.001"]) == 1  # round 0's first segment alone: it fails here
     out = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("checked, anytime, <=0.001 s a puzzle: none obeyed the rules in 1 round(s), 4 "
-                               "segment passes, ") for line in out)
+    assert any(line.startswith("checked, anytime, <=0.001 s a puzzle: none obeyed the rules in 1 round(s) of 1 "
+                               "trajectories, 1 segment passes, ") for line in out)
+    assert any(line.startswith("the budget (0.001 s) ended before the model's own answer (round 0) was complete: it "
+                               "needs about ") and " here; --budget " in line for line in out)
     assert "checked selection found no answer that obeys the rules: this is the Q head's choice" in "\n".join(out)
     assert out[-1].startswith("more time may find a consistent answer: --budget 0.004 spends up to 0.004 s a puzzle")
     assert solve.main([*args, "--budget", "0"]) == 1  # fixed compute: the card's 16 rollouts of 4 segments
@@ -157,6 +208,15 @@ def test_solve_py_exits_1_with_the_best_answer_and_what_would_help(tmp_path, cap
     assert "64 segment passes a puzzle in" in out[-2]
     assert out[-1].startswith("more test-time compute may find a consistent answer: --rollouts 64 (about ")
     assert "--budget 30" in out[-1]
+
+
+def test_solve_py_says_a_puzzle_has_no_solution_with_no_hint_of_more_time(tmp_path, capsys):
+    no_solution = "12345678." + "........9" + "." * 63
+    assert solve.main(["--sudoku", no_solution, "--device", "cpu", "--out", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "puzzle 1: this Sudoku has no solution (an exact search found none)" in out and "nothing was run" in out
+    assert "more time" not in out and "0 of 1 answer(s) consistent; 0 segment passes" in out
+    assert not list(tmp_path.iterdir())  # nothing to draw
 
 
 def test_solve_py_refuses_budgets_it_cannot_keep(tmp_path, capsys):

@@ -172,6 +172,44 @@ def maze_problems(answer: np.ndarray, maze: np.ndarray) -> list[str]:
     return problems
 
 
+def count_puzzle_solutions(task: str, tokens: np.ndarray) -> int:
+    """How many solutions a puzzle has, counted up to 2 (2: more than one): a Sudoku's (``tokens`` [81]) by the exact
+    search of utils/data/sudoku_rating.py, a maze's (``tokens`` [size²]) as its shortest S-to-G paths (the answer a
+    maze asks for, :func:`maze_problems`), 0 when S and G are not connected.
+
+    Raises:
+        ValueError: a ``task`` other than sudoku or maze.
+    """
+    if task == "sudoku":
+        from utils.data.sudoku_rating import count_solutions  # its compiled search loads only here
+
+        return count_solutions(np.where(tokens >= 2, tokens.astype(np.int64) - 1, 0), limit=2)
+    if task != "maze":
+        raise ValueError(f"count_puzzle_solutions: task {task!r} is not sudoku or maze")
+    size = int(np.sqrt(tokens.size))
+    start, goal = (divmod(int(np.flatnonzero(tokens == token)[0]), size) for token in (START, GOAL))
+    return _shortest_paths((tokens != WALL).reshape(size, size), start, goal)
+
+
+def _shortest_paths(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> int:
+    """The number of shortest 4-neighbour paths from ``start`` to ``goal`` over the True cells of ``walkable``,
+    counted up to 2, by breadth-first search (0: not connected)."""
+    size = len(walkable)
+    distance, paths, queue = {start: 0}, {start: 1}, deque([start])
+    while queue:
+        r, c = queue.popleft()
+        for nr, nc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
+            if not (0 <= nr < size and 0 <= nc < size and walkable[nr, nc]):
+                continue
+            if (nr, nc) not in distance:
+                distance[nr, nc] = distance[r, c] + 1
+                paths[nr, nc] = 0
+                queue.append((nr, nc))
+            if distance[nr, nc] == distance[r, c] + 1:
+                paths[nr, nc] = min(2, paths[nr, nc] + paths[r, c])
+    return paths.get(goal, 0)
+
+
 def _moves(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> int | None:
     """The fewest 4-neighbour moves from ``start`` to ``goal`` over the True cells of ``walkable`` (bool [size, size]),
     by breadth-first search; None when ``goal`` cannot be reached."""

@@ -2,21 +2,22 @@
 until its time budget is spent (``solve.py --budget``, the page's budget, ``evaluate.py --budget``).
 
 Sudoku and mazes have rules an answer can be checked against (utils/data/user_puzzles.py); the model's own answer is
-often wrong on a hard puzzle, and more test-time compute (utils/eval/reasoning.py: noisy rollouts, dihedral views)
-finds a right one more often the more is spent (docs/results.md, test-time scaling). :func:`solve_anytime` spends it
-in rounds:
+often wrong on a hard puzzle, and more trajectories find a right one more often the more are run (docs/results.md,
+"Test-time search"). :func:`solve_anytime` first says what the puzzle is: a Sudoku with no solution (an exact search,
+utils/data/sudoku_rating.py) or a maze whose S and G are not connected ends at once, nothing spent; one with several
+solutions is solved, and its answer says it is not unique. Then it runs trajectories (utils/eval/search.py) in
+rounds:
 
-- round 0 is the model's own answer: one rollout from its initial state, the puzzle as given, the run's segments
-  (with the run's defaults, the references' evaluation of that puzzle);
-- round r >= 1 answers ``2**(r-1)`` rollouts (at most :data:`ROUND_ROWS`) side by side in one batch, each from the
-  initial state plus Gaussian noise with a seed of its own (no seed is used twice), in dihedral view ``r mod 8``: a
-  rotated or reflected Sudoku or maze obeys the same rules and sends the model down another path;
-- after each round every answer is mapped back to the puzzle's orientation and checked; the first round with an
-  answer that obeys the rules ends the solve, keeping that round's passing answer with the highest ``q_halt``.
+- round 0 is the model's own answer: one trajectory from its initial state, the puzzle as given (with the run's
+  defaults, the references' evaluation of that puzzle);
+- round r >= 1 runs ``2**(r-1)`` trajectories side by side (at most :func:`utils.eval.reasoning.rows_per_call`
+  rows, the fastest batch on the device), each in a view of its own and with the noise :class:`Search` sets;
+- every segment's answers are mapped back to the puzzle's orientation and checked, and the first answer that
+  obeys the rules ends the solve (the most confident, ``q_halt``, of that segment's passing ones).
 
-A round is sized to what the budget has left at the pass rate measured so far, and the clock is read before every
-segment: a round it overtakes is abandoned, so a puzzle takes at most its budget and one segment (or round 0, the
-model's own answer, which is always given, when that is longer). When no answer passed, the answer kept is the
+The budget is a ceiling: the clock is read before every segment, round 0's included, so a solve takes at most its
+budget and one segment (the first segment of round 0 always runs, so that there is an answer); a round the
+deadline overtakes is cut there, and its segments' answers count. When no answer passed, the answer kept is the
 model's most confident one (highest ``q_halt``), as the Q head would choose.
 
 This is not the references' protocol (they take the model's one answer): a figure under it is named
@@ -25,28 +26,28 @@ This is not the references' protocol (they take the model's one answer): a figur
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from utils.eval.load import Trained
-from utils.eval.stats import with_interval
-from utils.eval.reasoning import (SEQUENCE_AXIS, Cancelled, TestTimeCompute, TestTimeComputeError, checked_better,
-                                  dihedral_order, rollout_answers)
-from utils.eval.solving import Answer, answer_of
 from models.losses import IGNORE_LABEL_ID
+from utils.data.user_puzzles import count_puzzle_solutions
+from utils.eval.load import Trained
+from utils.eval.reasoning import (RULES, Cancelled, TestTimeCompute, TestTimeComputeError, checked_better,
+                                  rows_per_call)
+from utils.eval.search import Search, Segment, run_trajectories
+from utils.eval.solving import Answer
+from utils.eval.stats import with_interval
 
-ROUND_ROWS = 256  # rollouts in one round at most: one forward call's rows
-VIEWS = 8  # the dihedral transforms of a square grid, visited one per round
-DEFAULT_NOISE = 1.0  # the noise of rollouts when neither --noise nor the run's eval_noise sets one
 MAX_BUDGET_S = 24 * 3600.0
+UNSOLVABLE = {"sudoku": "this Sudoku has no solution (an exact search found none): no answer can obey its rules",
+              "maze": "S and G are not connected in this maze: no path can be marked"}
 
 
 def protocol(budget_s: float) -> str:
@@ -66,25 +67,39 @@ def check_budget_s(budget_s: float, flag: str = "--budget") -> float:
     return budget_s
 
 
+def default_search(trained: Trained, ttc: TestTimeCompute) -> Search:
+    """The search anytime solving runs (docs/results.md, "Test-time search", gives the measurement behind it):
+    the run's segments (``ttc.segments`` or ``halt_max_steps``), symmetry views, latent noise ``ttc.noise`` at
+    every recursion update (:data:`LATENT_NOISE` when 0), a check after every segment."""
+    return Search(ttc.segments or trained.cfg.arch["halt_max_steps"], "symmetry", ttc.noise or LATENT_NOISE)
+
+
+LATENT_NOISE = 0.1  # std of the latent noise when neither --noise nor the run sets one (docs/results.md)
+
+
 @dataclass
 class Spent:
-    """What a solve used: segment ``passes`` (rows x segments run, abandoned rounds' segments included), wall-clock
-    ``seconds`` and ``rounds`` completed."""
+    """What a solve used: segment ``passes`` (rows x segments run, cut rounds' segments included), wall-clock
+    ``seconds``, ``rounds`` run (a cut one included) and ``trajectories`` started."""
 
     passes: int = 0
     seconds: float = 0.0
     rounds: int = 0
+    trajectories: int = 0
 
 
 @dataclass
 class AnytimeAnswer:
-    """One puzzle solved under a budget: the kept ``answer`` (None only when stopped before round 0 ended), what was
-    ``spent``, and how it ``ended``: ``consistent`` (an answer obeys the rules), ``budget`` (spent, none did) or
-    ``stopped`` (the caller's ``enough``)."""
+    """One puzzle solved under a budget: the kept ``answer`` (None when the puzzle has no solution), what was
+    ``spent``, and how it ``ended``: ``consistent`` (an answer obeys the rules), ``budget`` (spent, none did),
+    ``stopped`` (the caller's ``enough``) or ``unsolvable`` (no answer can obey the rules: nothing was spent).
+    ``own_seconds``: where the budget ended before the model's own answer (round 0) was complete, about the
+    seconds it needs here; else None."""
 
     answer: Optional[Answer]
     spent: Spent
     ended: str
+    own_seconds: Optional[float] = None
 
     @property
     def solved(self) -> bool:
@@ -93,12 +108,12 @@ class AnytimeAnswer:
 
 
 class _Clock:
-    """The stop rule of one round: asked before each segment, it counts the segments and says stop when the caller
-    wants (``enough``), when ``cancel`` does (raised through), or when the deadline has passed."""
+    """The stop rule of one round: asked before each segment, it says stop when the caller wants (``enough``), when
+    ``cancel`` does (raised through), or when the deadline has passed (never before ``free`` segments)."""
 
     def __init__(self, deadline: float, clock: Callable[[], float], enough: Optional[Callable[[], bool]],
-                 cancel: Optional[Callable[[], bool]]):
-        self.deadline, self.clock, self.enough, self.cancel = deadline, clock, enough, cancel
+                 cancel: Optional[Callable[[], bool]], free: int = 0):
+        self.deadline, self.clock, self.enough, self.cancel, self.free = deadline, clock, enough, cancel, free
         self.segments, self.why = 0, None
 
     def __call__(self) -> bool:
@@ -106,7 +121,7 @@ class _Clock:
             self.why = "cancelled"
         elif self.enough is not None and self.enough():
             self.why = "stopped"
-        elif self.clock() >= self.deadline:
+        elif self.segments >= self.free and self.clock() >= self.deadline:
             self.why = "budget"
         else:
             self.segments += 1
@@ -114,21 +129,19 @@ class _Clock:
         return True
 
 
-def round_size(r: int, left_s: float, passes_per_s: float, segments: int) -> int:
-    """Rollouts of round ``r`` (:func:`solve_anytime`): 1 for round 0 (always run), then ``2**(r-1)`` up to
-    :data:`ROUND_ROWS`, cut to what ``left_s`` seconds hold at ``passes_per_s``; 0: none fits."""
-    if r == 0:
-        return 1
-    return max(0, min(ROUND_ROWS, 2 ** (r - 1), int(max(left_s, 0.0) * passes_per_s / segments)))
+def round_rows(r: int, most: int) -> int:
+    """Trajectories of round ``r`` (:func:`solve_anytime`): 1 for round 0, then ``2**(r-1)`` up to ``most``."""
+    return 1 if r == 0 else min(most, 2 ** (r - 1))
 
 
 def solve_anytime(trained: Trained, task: str, name: str, tokens: np.ndarray, budget_s: float, ttc: TestTimeCompute,
                   device: torch.device, enough: Optional[Callable[[], bool]] = None,
                   cancel: Optional[Callable[[], bool]] = None,
                   progress: Optional[Callable[[Spent, Answer], None]] = None,
-                  clock: Callable[[], float] = time.monotonic) -> AnytimeAnswer:
+                  clock: Callable[[], float] = time.monotonic, search: Optional[Search] = None) -> AnytimeAnswer:
     """Solve one puzzle (``tokens`` [S], a Sudoku or a square maze) within ``budget_s`` seconds, as the module
-    docstring says; ``ttc`` gives the segments, early exit, noise std (:data:`DEFAULT_NOISE` when 0) and first seed.
+    docstring says; ``search`` (default :func:`default_search` of ``ttc``) sets the trajectories, ``ttc.seed``
+    their first seed.
 
     Args:
         enough: asked before every segment; True ends the solve with the best answer so far (the page's stop).
@@ -138,64 +151,59 @@ def solve_anytime(trained: Trained, task: str, name: str, tokens: np.ndarray, bu
     Raises:
         Cancelled: ``cancel`` said so; nothing is answered.
     """
-    segments = ttc.segments or trained.cfg.arch["halt_max_steps"]
-    noise = ttc.noise or DEFAULT_NOISE
-    side = math.isqrt(tokens.size)
-    views = VIEWS if side * side == tokens.size else 1
+    search = search or default_search(trained, ttc)
+    solutions = count_puzzle_solutions(task, tokens)
+    if solutions == 0:
+        return AnytimeAnswer(None, Spent(), "unsolvable")
+    most = rows_per_call(device, tokens.size)
     start = clock()
-    spent, best, ended, seed = Spent(), None, "budget", ttc.seed
+    spent, best, ended, own_seconds = Spent(), None, "budget", None
     for r in itertools.count():
-        now = clock()
-        rows = round_size(r, start + budget_s - now, spent.passes / max(now - start, 1e-9), segments)
-        if rows == 0:
-            break
-        draws = [(0.0, seed)] if r == 0 else [(noise, seed + i) for i in range(rows)]
-        seed += rows
-        stop = _Clock(start + budget_s if r else math.inf, clock, enough, cancel)  # the model's own answer, always
+        rows = round_rows(r, most)
+        stop = _Clock(start + budget_s, clock, enough, cancel, free=1 if r == 0 else 0)
+        frames: list[Segment] = []
         try:
-            found = _round(trained, task, name, tokens, ttc, device, draws, r % views, side, stop)
+            for segment in run_trajectories(trained, task, tokens, search, spent.trajectories, rows, ttc.seed,
+                                            device, stop):
+                frames.append(segment)
+                spent.passes += rows
+                best = _keep(best, frames, name, task, tokens, solutions)
+                if best.consistent:
+                    break
         except Cancelled:
-            spent.passes += stop.segments * rows  # the segments the round got through
             if stop.why == "cancelled":
                 raise
             ended = stop.why
+        if not frames:  # stopped before its first segment
             break
-        spent.passes += segments * rows
-        spent.rounds += 1
+        spent.rounds, spent.trajectories = r + 1, spent.trajectories + rows
         spent.seconds = clock() - start
-        best = found if best is None or _better(found, best) else best
+        if r == 0 and len(frames) < search.segments and not best.consistent:
+            own_seconds = spent.seconds * search.segments / len(frames)
         if progress is not None:
-            progress(dataclasses.replace(spent), best)
+            progress(replace(spent), best)
         if best.consistent:
             ended = "consistent"
             break
+        if stop.why:
+            break
     spent.seconds = clock() - start
-    return AnytimeAnswer(best, spent, ended)
+    return AnytimeAnswer(best, spent, ended, own_seconds)
 
 
-def _better(answer: Answer, kept: Answer) -> bool:
-    """Checked selection's ranking (:func:`utils.eval.reasoning.checked_better`) of two answers."""
-    return bool(checked_better(torch.tensor(answer.consistent), torch.tensor(answer.halting),
-                               torch.tensor(kept.consistent), torch.tensor(kept.halting)))
-
-
-def _round(trained: Trained, task: str, name: str, tokens: np.ndarray, ttc: TestTimeCompute, device: torch.device,
-           draws: list[tuple[float, int]], view: int, side: int, stop: _Clock) -> Answer:
-    """One round: the rollouts ``draws`` of the puzzle in dihedral ``view``, side by side; the round's best answer
-    by checked selection, in the puzzle's own orientation."""
-    order = dihedral_order(side, view) if view else np.arange(tokens.size)
-    seen = torch.from_numpy(tokens[order].astype(np.int32))[None].to(device)
-    batch = {"inputs": seen, "labels": seen.long(), "puzzle_identifiers": torch.zeros(1, dtype=torch.int32,
-                                                                                      device=device)}
-    one = dataclasses.replace(ttc, rollouts=1, views=1, keep_segments=True, checker=None)
-    back = torch.from_numpy(np.argsort(order))
-    best = None
-    for out in rollout_answers(trained.head, trained.head, batch, one, draws, stop):
-        row = {k: (v[0].cpu().index_select(SEQUENCE_AXIS[k] - 1, back) if k in SEQUENCE_AXIS else v[0].cpu())
-               for k, v in out.items()}
-        found = answer_of(name, task, tokens, row, "checked")
-        best = found if best is None or _better(found, best) else best
-    return best
+def _keep(best: Optional[Answer], frames: list[Segment], name: str, task: str, tokens: np.ndarray,
+          solutions: int) -> Answer:
+    """``best``, or the last segment's best answer (one that passes first, then the highest ``q_halt``) where that
+    ranks higher under checked selection, as an :class:`Answer` with its trajectory's segments."""
+    last = frames[-1]
+    passes = last.passes if last.passes is not None else np.zeros(len(last.q_halt), bool)
+    i = int(np.lexsort((last.q_halt, passes))[-1])
+    if best is not None and not checked_better(torch.tensor(passes[i]), torch.tensor(last.q_halt[i]),
+                                               torch.tensor(best.consistent), torch.tensor(best.segment_q_halt[-1])):
+        return best
+    return Answer(name, task, tokens, last.grids[i], np.stack([f.grids[i] for f in frames]),
+                  np.array([f.q_halt[i] for f in frames], np.float32), float(torch.sigmoid(torch.tensor(last.q_halt[i]))),
+                  last.t, None, RULES[task](last.grids[i], tokens), "checked", unique=solutions == 1)
 
 
 def anytime_compute(args, ttc: TestTimeCompute) -> TestTimeCompute:
@@ -214,7 +222,7 @@ def anytime_compute(args, ttc: TestTimeCompute) -> TestTimeCompute:
             raise TestTimeComputeError(f"--{flag} {value} with --budget: the budget grows the rollouts and turns the "
                                        f"puzzle through its views itself, round by round; drop --{flag} (or "
                                        "--budget)")
-    return dataclasses.replace(ttc, rollouts=1, views=1, checker=None)
+    return replace(ttc, rollouts=1, views=1, checker=None)
 
 
 
@@ -239,7 +247,8 @@ def evaluate_anytime(trained: Trained, task: str, loader, budget_s: float, ttc: 
                     break
                 solved = solve_anytime(trained, task, f"test {len(exact) + 1}", tokens, budget_s, ttc, device)
                 labelled = labels != IGNORE_LABEL_ID
-                exact.append(bool((solved.answer.grid[labelled] == labels[labelled]).all()))
+                exact.append(solved.answer is not None and bool((solved.answer.grid[labelled] ==
+                                                                 labels[labelled]).all()))
                 consistent.append(solved.solved)
                 seconds.append(solved.spent.seconds)
                 passes.append(solved.spent.passes)

@@ -64,8 +64,9 @@ class Answer:
     """One puzzle answered: ``puzzle`` and ``grid`` tokens [S], ``segment_grids`` [T, S] (the answer after each ACT
     segment; after a puzzle stopped, its answer repeats), ``segment_q_halt`` [T] (the halting logit ``q_halt`` per
     segment), ``halting`` (``sigmoid(q_halt)`` of the answer given), ``segments`` used, ``votes`` (of the views, when
-    several), ``problems`` (empty: a solution), and the ``selection`` that picked it among rollouts and views:
-    ``model`` (the Q head and the votes, the references' way) or ``checked`` (an answer that obeys the rules first)."""
+    several), ``problems`` (empty: a solution), the ``selection`` that picked it among rollouts and views:
+    ``model`` (the Q head and the votes, the references' way) or ``checked`` (an answer that obeys the rules first),
+    and whether the puzzle has exactly one solution (``unique``; None where not counted)."""
 
     name: str
     task: str
@@ -78,6 +79,7 @@ class Answer:
     votes: Optional[int] = None
     problems: list[str] = field(default_factory=list)
     selection: str = "model"
+    unique: Optional[bool] = None
 
     @property
     def confidence(self) -> np.ndarray:
@@ -91,8 +93,9 @@ class Answer:
 
     @property
     def verdict(self) -> str:
-        """``consistent``, or ``NOT consistent: <why>``."""
-        return "consistent" if self.consistent else "NOT consistent: " + "; ".join(self.problems)
+        """``consistent``, or ``NOT consistent: <why>``; with ``unique`` False, that the puzzle has several solutions."""
+        several = "; the puzzle is NOT unique: it has more than one solution" if self.unique is False else ""
+        return ("consistent" if self.consistent else "NOT consistent: " + "; ".join(self.problems)) + several
 
 
 def bundled_checkpoint(task: str) -> Path:

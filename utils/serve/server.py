@@ -72,7 +72,7 @@ from utils.errors import RunFailure, UserError
 from utils.run.main import Terminated, one_line, sigterm_as_ctrl_c
 from utils.run.stop import signal_exit_code
 from utils.train.arc_adapt import adapt_and_answer, task_from_json
-from utils.eval.anytime import Spent, anytime_compute, protocol, solve_anytime
+from utils.eval.anytime import UNSOLVABLE, Spent, anytime_compute, protocol, solve_anytime
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, TestTimeComputeError,
                                   test_time_compute)
@@ -284,6 +284,8 @@ class Solver:
                                    enough=self.enough.is_set, cancel=cancelled, progress=progressed)
         finally:
             self.progress = {"solving": False}
+        if solved.ended == "unsolvable":
+            raise PuzzleInputError(f"{UNSOLVABLE[offered.task]}; nothing was run")
         if solved.answer is None:
             raise PuzzleInputError("stopped before the model's own answer was in: nothing to show")
         return solved.answer, {**dataclasses.asdict(solved.spent), "ended": solved.ended,
