@@ -1804,8 +1804,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse, before any probe, a ``--requirements-dir`` that is not a folder and an ``--optional`` file that is not
-    there (``--python`` is the first thing :func:`detect_platform` runs).
+    """Refuse, before any probe, a ``--requirements-dir`` that is not a folder holding requirements.txt, an
+    ``--optional`` file that is not there, a ``--python`` that is no program, and a ``--report`` that is a folder or
+    in a folder that is not there (tests/test_every_flag.py drives each).
 
     Raises:
         ArgumentError: naming the flag and what to give.
@@ -1813,8 +1814,15 @@ def check_arguments(args: argparse.Namespace) -> None:
     if not args.requirements_dir.is_dir():
         raise ArgumentError(f"--requirements-dir {args.requirements_dir} is not a folder: give the folder that holds "
                             "requirements*.txt (default: the repo root)")
+    if not (args.requirements_dir / "requirements.txt").is_file():
+        raise ArgumentError(f"requirements file {args.requirements_dir / 'requirements.txt'} not found: give "
+                            "--requirements-dir the folder that holds requirements*.txt (default: the repo root)")
     if args.optional is not None and not args.optional.is_file():
         raise ArgumentError(f"--optional {args.optional} not found: give a requirements file")
+    if shutil.which(args.python) is None:
+        raise ArgumentError(f"cannot run {args.python}: pass an existing interpreter with --python")
+    if args.report.is_dir() or not args.report.parent.is_dir():
+        raise ArgumentError(f"--report {args.report}: give a file in an existing folder")
 
 
 def main(argv: list[str] | None = None) -> int:

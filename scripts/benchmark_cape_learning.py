@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="run directory for the training run (default: a new temporary directory)")
     args = parser.parse_args(ours)
-    if args.output_dir is not None and args.output_dir.exists() and any(args.output_dir.iterdir()):
-        parser.error(f"--output-dir {args.output_dir} is not empty: name a new folder")
+    if args.output_dir is not None and args.output_dir.exists() and (not args.output_dir.is_dir()
+                                                                      or any(args.output_dir.iterdir())):
+        parser.error(f"--output-dir {args.output_dir} is not an empty folder: name a new folder")
     run_dir = args.output_dir or Path(tempfile.mkdtemp(prefix="cape-learning-"))
     # Imported after the parse: --help is answered without torch.
     from utils.hardware_optimizer import machine_line

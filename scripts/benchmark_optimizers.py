@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from utils.bench import paired_ratio  # noqa: E402
-from utils.cli import ArgumentParser  # noqa: E402
+from utils.cli import ArgumentParser, positive_int  # noqa: E402
 from utils.device import select_device  # noqa: E402
 from utils.hardware_optimizer import machine_line  # noqa: E402
 from utils.optimizer_utils import AdamATan2, native_unavailable_reason  # noqa: E402
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sets", default="hrm,single", help="comma list of hrm, single (default: both)")
     parser.add_argument("--no-compile", action="store_true",
                         help="skip our compile=True row (its warm-up takes up to a minute on CPU)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch.set_num_threads (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be >= 1")

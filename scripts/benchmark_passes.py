@@ -23,7 +23,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
 
-from utils.cli import ArgumentParser  # noqa: E402
+from utils.cli import ArgumentParser, positive_int  # noqa: E402
 
 HARD_SUDOKU = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."  # the README's puzzle
 
@@ -49,7 +49,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="rollouts of the puzzle, each a row of the table (default: 1,4,16,64,256)")
     parser.add_argument("--segments", type=int, default=4, help="segments a rollout (default: 4, the card's)")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats of each way, interleaved (default: 3)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, all cores)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's, all cores)")
     parser.add_argument("--min-seconds", type=float, default=1.0, metavar="S",
                         help="each measurement, and the GEMM's, repeats its work for at least S seconds: shorter is "
                              "noisier (default: 1.0)")

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from omegaconf import OmegaConf  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from utils.cli import ArgumentParser  # noqa: E402
+from utils.cli import ArgumentParser, number_in  # noqa: E402
 from utils.config import recipe_config  # noqa: E402
 from utils.data.builders import build_dataset  # noqa: E402
 from utils.errors import UserError  # noqa: E402
@@ -179,7 +179,7 @@ def parse_args(argv: list[str] | None):
     parser = ArgumentParser(description=summary, epilog=details, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--task", choices=sorted(TASKS), default="sudoku", help="what to compare on (default: sudoku)")
     parser.add_argument("--runs", default=None, help="comma list of run labels, e.g. TRM (default: all of the task's)")
-    parser.add_argument("--minutes", type=float, default=None, help="wall-time budget per run (default: the task's)")
+    parser.add_argument("--minutes", type=number_in(0, 7 * 24 * 60, low_open=True), default=None, help="wall-time budget per run (default: the task's)")
     parser.add_argument("--checkpoints", default=None, help="comma list of minutes for the table (default: the task's)")
     parser.add_argument("--out", default=None, help="output folder, new or empty (default: runs/benchmark_<task>_<time>)")
     parser.add_argument("--report", type=Path, default=None,
@@ -197,8 +197,8 @@ def parse_args(argv: list[str] | None):
     if (args.minutes is not None and args.minutes <= 0) or min(args.checkpoints or [1]) <= 0:
         parser.error("--minutes and --checkpoints must be > 0")
     args.out = Path(args.out or ROOT / "runs" / f"benchmark_{args.task}_{time.strftime('%Y%m%d-%H%M%S')}")
-    if not args.report and args.out.exists() and any(args.out.iterdir()):
-        parser.error(f"--out {args.out} is not empty: name a new folder")
+    if not args.report and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        parser.error(f"--out {args.out} is not an empty folder: name a new folder")
     return args
 
 

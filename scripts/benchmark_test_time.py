@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from utils.cli import ArgumentParser, positive_int  # noqa: E402
+from utils.cli import ArgumentParser, number_in, positive_int  # noqa: E402
 from utils.data.puzzle_dataset import PuzzleDataset  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.distributed import Dist  # noqa: E402
@@ -179,8 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rollouts", type=ints, default=[2, 4, 8], help="rollout counts K (default: 2,4,8)")
     parser.add_argument("--combined", type=pairs, default=[],
                         help="K rollouts of S segments each, as KxS pairs, e.g. 16x8,32x8 (default: none)")
-    parser.add_argument("--noise", type=float, default=0.5, help="std of the rollouts' noise (default: 0.5)")
-    parser.add_argument("--batch-size", type=int, default=256, help="evaluation batch (default: 256)")
+    parser.add_argument("--noise", type=number_in(0, 100), default=0.5, help="std of the rollouts' noise (default: 0.5)")
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="evaluation batch (default: 256)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--grid", action="store_true",

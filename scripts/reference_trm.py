@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from utils.bench import SUDOKU, not_a_checkout, serve_steps, sudoku_batch  # noqa: E402
-from utils.cli import ArgumentParser  # noqa: E402
+from utils.cli import ArgumentParser, non_negative_int, number_in, positive_int  # noqa: E402
 
 sys.path.remove(str(REPO))  # the project leaves the path before load_reference: see there why
 
@@ -255,15 +255,15 @@ def parse_args(argv: list[str] | None):
     commands = parser.add_subparsers(dest="command", required=True)
     tr = commands.add_parser("train", help="train for --minutes, evaluating every --eval-every minutes")
     tr.add_argument("--data-path", required=True, help="a dataset directory in the reference format (train/ and test/)")
-    tr.add_argument("--minutes", type=float, default=30.0, help="wall-clock budget, evaluations included (default: 30)")
-    tr.add_argument("--eval-every", type=float, default=3.0, help="minutes between evaluations (default: 3)")
+    tr.add_argument("--minutes", type=number_in(0, 7 * 24 * 60, low_open=True), default=30.0, help="wall-clock budget, evaluations included (default: 30)")
+    tr.add_argument("--eval-every", type=number_in(0, 7 * 24 * 60, low_open=True), default=3.0, help="minutes between evaluations (default: 3)")
     tr.add_argument("--out", required=True, help="where the curve (JSON) goes")
     tr.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help=f"change a setting (arch.KEY for the architecture); defaults: {json.dumps(REFERENCE_SETTINGS)}")
     sw = commands.add_parser("step-worker", help="serve timed training steps on stdin/stdout")
     sw.add_argument("--arch", required=True, help="the architecture as JSON, in the reference's key names")
-    sw.add_argument("--batch-size", type=int, default=64)
-    sw.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
+    sw.add_argument("--batch-size", type=positive_int, default=64)
+    sw.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first (default: 2)")
     args = parser.parse_args(argv)
     if args.command == "train":
         out = Path(args.out)

@@ -7,9 +7,10 @@ reaching up into the run lifecycle.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 # --workers takes at most this many processes per core (os.cpu_count): a worker busy on a core of its own is the
 # point, a few more absorb their waits, and beyond that each one only costs a fork (--workers 100000 forked about
@@ -35,6 +36,40 @@ def positive_int(text: str) -> int:
     if not text.strip().isdecimal() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 1 or more")
     return int(text)
+
+
+def non_negative_int(text: str) -> int:
+    """A flag's value as a whole number of 0 or more (warm-up steps, a count that may be none), for
+    ``add_argument(type=non_negative_int)``.
+
+    Raises:
+        argparse.ArgumentTypeError: anything else.
+    """
+    if not text.strip().isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number of 0 or more")
+    return int(text)
+
+
+def number_in(low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    """A type function for a finite number in ``[low, high]`` (``(low, high]`` with ``low_open``), for
+    ``add_argument(type=number_in(0, 1440, low_open=True))``: nan, inf and 1e300 are refused by the parser.
+
+    Raises (the returned function):
+        argparse.ArgumentTypeError: not a number, or out of the range (named in the message).
+    """
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and (low < value if low_open else low <= value) and value <= high):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number in {interval}")
+        return value
+
+    number.__name__ = "number_in"
+    return number
 
 
 def max_workers() -> int:
