@@ -57,9 +57,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--report", metavar="PATH", help="ARC: write {\"pass@1\": ..., \"pass@2\": ...} here as JSON")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     add_test_time_arguments(parser)
-    add_budget_argument(parser, None, "off by default; it is scored on its own line, after the model-only figures, "
-                                      "each puzzle alone; --segments, --noise, --early-exit and --rollout-seed shape "
-                                      "its rounds")
+    add_budget_argument(parser, None, "off by default and with 0; it is scored on its own line, after the "
+                                      "model-only figures, each puzzle alone; --segments, --noise, --early-exit and "
+                                      "--rollout-seed shape its rounds")
     args = parser.parse_args(argv)
     if args.run and (args.checkpoint or args.outputs):
         parser.error("give a run directory, --checkpoint or --outputs, not several")
@@ -135,8 +135,9 @@ def score_saved_outputs(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     from utils.data.puzzle_dataset import PuzzleDataset
     from utils.data.saved_outputs import OutputsCollector
-    from utils.device import select_device, select_dtype
+    from utils.device import select_device
     from utils.distributed import Dist
+    from utils.eval.precision import precision_line, solving_dtype
     from utils.eval.arc import ARC, write_results
     from utils.eval.load import load_trained
     from utils.eval.puzzle import evaluate_puzzles
@@ -149,12 +150,15 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("batch_size", "max_examples"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be at least 1")
+    if args.budget == 0:  # as in solve.py: 0 is the fixed compute of the flags (or the run's own), no anytime line
+        args.budget = None
     if args.budget is not None:
         from utils.eval.anytime import check_budget_s
 
         check_budget_s(args.budget)
     device = select_device(args.device).device
-    dtype, _ = select_dtype(device, args.forward_dtype)
+    dtype, why = solving_dtype(device, args.forward_dtype)
+    log.info(precision_line(device, dtype, why))
     trained = load_trained(args.checkpoint, device, dtype, args.batch_size or 1, args.data_path)
     if trained.note:
         log.info("evaluating %s", trained.note)
