@@ -269,9 +269,6 @@ KNOWN: dict[tuple[str, str, str], str] = {
        for value in PATHS},
     ("scripts/build_outside_sudoku.py", "--lists", "a-folder"): "IsADirectoryError traceback from "
                                                                 "utils/data/sudoku_outside.py (outside this change)",
-    ("scripts/measure_search.py", "--out", "a-file.txt"): "JSONDecodeError traceback: a file that is not JSON lines "
-                                                          "(scripts/measure_search.py is new, another engineer's)",
-    ("scripts/measure_search.py", "--out", "a-folder"): "a folder is not refused before the model loads (torch.load)",
 }
 
 

@@ -47,6 +47,6 @@ def add_budget_argument(parser, default: Optional[float], default_says: str) -> 
     """``--budget SECONDS`` of ``solve.py`` and ``evaluate.py``: anytime solving (utils/eval/anytime.py)."""
     parser.add_argument("--budget", type=float, default=default, metavar="SECONDS",
                         help="anytime solving with checked answers (Sudoku, mazes): spend up to SECONDS a puzzle on "
-                             "rounds of more and more rollouts, in turn in each rotation and reflection of the puzzle, "
-                             "until an answer obeys the puzzle's rules; not the references' protocol, and reported "
-                             f"as 'checked, anytime' ({default_says})")
+                             "rounds of more and more trajectories, each in a symmetry of the puzzle with latent noise "
+                             "(--noise, its std), every segment checked, until an answer obeys the puzzle's rules; not "
+                             f"the references' protocol, and reported as 'checked, anytime' ({default_says})")
