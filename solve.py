@@ -6,6 +6,8 @@
     python solve.py --checkpoint checkpoints/sudoku-trm-cpu/RUN --sudoku my_puzzles.csv --segments 32 --early-exit
     python solve.py --checkpoint RUN --arc my_task.json --adapt-steps 200      # writes submission.json
 
+From Python: ``import solve; solver = solve.Solver(); solver.sudoku("...")`` (utils/eval/api.py, docs/solving.md).
+
 Without ``--checkpoint``, Sudoku and 10x10 mazes are answered by the model bundled for them in models/pretrained/
 (scripts/bundle_model.py makes one, with its card: recipe, data, held-out accuracy, the test-time compute it uses),
 or one line says it is missing. A checkpoint is a file, a run directory
@@ -53,14 +55,20 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                              "hf://owner/repo[/file] (default: "
                              "the bundled model for the task); with --serve, repeat it to offer several")
     puzzle = parser.add_mutually_exclusive_group()
-    puzzle.add_argument("--sudoku", metavar="PUZZLE_OR_FILE", help="a Sudoku, or a file of them")
-    puzzle.add_argument("--maze", metavar="FILE", help="a text file with one maze")
+    puzzle.add_argument("--sudoku", metavar="PUZZLE_OR_FILE", help="a Sudoku, or a file of them (answered into "
+                                                                   "OUT/answers.csv as they are found; resumable)")
+    puzzle.add_argument("--maze", metavar="FILE", help="a text file with one maze, or several separated by empty "
+                                                       "lines (answered into OUT/answers.csv)")
     puzzle.add_argument("--arc", metavar="TASK_JSON", help="an ARC task file in the ARC Prize format")
     puzzle.add_argument("--serve", action="store_true", help="start a local web page to solve puzzles and watch each "
                                                              "ACT segment (utils/serve/); the test-time compute "
                                                              "flags, --checked among them, fill its fields")
-    parser.add_argument("--out", default="solutions", help="folder for the pictures and submission.json "
+    parser.add_argument("--out", default="solutions", help="folder for the pictures, answers.csv and submission.json "
                                                            "(default: solutions)")
+    parser.add_argument("--quiet", action="store_true", help="print only the results: no model line, no progress "
+                                                             "bars (bars are drawn only on a terminal anyway)")
+    parser.add_argument("--pictures", action="store_true", help="also draw every answer of a file of puzzles (a "
+                                                                "single puzzle is always drawn)")
     parser.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")
     parser.add_argument("--forward-dtype", default="auto", help="auto, bfloat16 or float32 (default: auto)")
     add_test_time_arguments(parser)
@@ -90,6 +98,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     from utils.device import select_device, select_dtype
     from utils.eval.anytime import anytime_compute
+    from utils.eval.precision import precision_line, solving_dtype
     from utils.eval.reasoning import test_time_compute
     from utils.eval.solving import check_budget
 
@@ -98,12 +107,19 @@ def run(args: argparse.Namespace) -> int:
     args.budget = budget_of(args)
     ttc = anytime_compute(args, test_time_compute(args, keep_segments=True, task=flag_task(args)))  # checked now
     device = select_device(args.device).device
-    dtype, _ = select_dtype(device, args.forward_dtype)
     out = Path(args.out)
+    note = ""
+    if args.arc is None:  # solving: the precision measured to solve more puzzles a second (ARC adapts: training's)
+        dtype, why = solving_dtype(device, args.forward_dtype)
+        note = "" if args.quiet else precision_line(device, dtype, why)
+    else:
+        dtype, _ = select_dtype(device, args.forward_dtype)
     if args.serve:
         from utils.serve.server import serve  # the page's server, only for --serve
 
-        return serve(args, device, dtype, out)
+        return serve(args, device, dtype, out, note)
+    if note:
+        print(note, flush=True)
     if args.arc is not None:
         from utils.train.arc_adapt import solve_arc_task  # the trainer, only for ARC: a Sudoku answers sooner
 
@@ -140,16 +156,20 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     from utils.outputs import unused_stem
 
     task = "sudoku" if args.sudoku is not None else "maze"
-    puzzles = read_puzzles(task, args.sudoku if task == "sudoku" else args.maze)
+    spec = args.sudoku if task == "sudoku" else args.maze
+    if is_file_of_puzzles(task, spec):
+        return solve_a_file(args, task, Path(spec), device, dtype, out)
+    puzzles = read_puzzles(task, spec)
     trained = open_model(args.checkpoint, task, len(puzzles[0][1]), len(puzzles), device, dtype)
-    print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
+    if not args.quiet:
+        print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
     ttc = anytime_compute(args, test_time_compute(args, trained.cfg, keep_segments=True, task=task))
     check_budget(trained, ttc, args, device, 1 if args.budget else len(puzzles))  # before any work
     if args.budget is None:
         answers, notes, spent, rate = fixed_compute(trained, task, puzzles, ttc, device)
         helps = True
     else:
-        answers, notes, spent, rate, helps = anytime(args.budget, trained, task, puzzles, ttc, device)
+        answers, notes, spent, rate, helps = anytime(args.budget, trained, task, puzzles, ttc, device, args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     earlier = len(list(out.glob(f"{task}_*.png"))) - len(list(out.glob(f"{task}_*_strip.png")))
     for i, (found, note, (name, _)) in enumerate(zip(answers, notes, puzzles)):
@@ -167,6 +187,49 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     return 1
 
 
+def is_file_of_puzzles(task: str, spec: str) -> bool:
+    """Whether ``spec`` is a file holding more than one puzzle (read no further than its second)."""
+    import itertools
+
+    from utils.data.user_puzzles import iter_puzzle_file
+
+    path = Path(spec)
+    return path.is_file() and len(list(itertools.islice(iter_puzzle_file(task, path), 2))) > 1
+
+
+def solve_a_file(args: argparse.Namespace, task: str, path: Path, device, dtype, out: Path) -> int:
+    """Answer every puzzle of the file ``path`` into ``out/answers.csv`` (utils/eval/file_solving.py); its exit
+    code."""
+    import itertools
+
+    from utils.data.user_puzzles import iter_puzzle_file
+    from utils.eval.anytime import anytime_compute, default_search, protocol
+    from utils.eval.file_solving import solve_file
+    from utils.eval.reasoning import test_time_compute
+    from utils.eval.solving import BUNDLED, check_budget, open_model
+
+    first = next((e for e in itertools.islice(iter_puzzle_file(task, path), 1000) if e.tokens is not None), None)
+    seq_len = first.tokens.size if first is not None else BUNDLED[task].side ** 2
+    trained = open_model(args.checkpoint, task, seq_len, 1, device, dtype)
+    if not args.quiet:
+        print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
+    ttc = anytime_compute(args, test_time_compute(args, trained.cfg, keep_segments=True, task=task))
+    check_budget(trained, ttc, args, device, 1)  # before any work
+    how = (f"{protocol(args.budget)}, {default_search(trained, ttc).describe()}" if args.budget else
+           f"fixed: {ttc.segments or trained.cfg.arch['halt_max_steps']} segments x {ttc.rollouts} rollouts "
+           f"(noise {ttc.noise:g}) x {ttc.views} views, {'checked' if ttc.checker else 'model-only'} selection")
+    settings = {"input": str(path.resolve()), "task": task, "model": str(trained.path), "protocol": how,
+                "precision": str(dtype).removeprefix("torch."), "seed": ttc.seed}
+    shown = None
+    if args.pictures:
+        from utils.outputs import unused_stem
+        from utils.viz.puzzles import ANSWER_ENDINGS
+
+        def shown(found, entry):
+            report(found, out / unused_stem(out, f"{task}_line{entry.line}", ANSWER_ENDINGS), ttc.views)
+    return solve_file(trained, task, path, out, settings, args.budget, ttc, device, args.quiet, shown)
+
+
 def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str], str, float]:
     """The answers under ``ttc`` (the flags', or the model's own settings), a note for each (none), what they cost,
     and the segment passes a second this machine gave."""
@@ -182,7 +245,8 @@ def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str],
             passes * len(puzzles) / max(seconds, 1e-9))
 
 
-def anytime(budget: float, trained, task, puzzles, ttc, device) -> tuple[list, list[str], str, float, bool]:
+def anytime(budget: float, trained, task, puzzles, ttc, device, quiet: bool = False
+            ) -> tuple[list, list[str], str, float, bool]:
     """Each puzzle solved under ``budget`` seconds (utils/eval/anytime.py), its progress shown while it runs; the
     answers (None for a puzzle with no solution), a note for each (what it spent, or why nothing was), what they
     cost, the segment passes a second this machine gave, and whether more time could help one that failed."""
@@ -193,7 +257,7 @@ def anytime(budget: float, trained, task, puzzles, ttc, device) -> tuple[list, l
     answers, notes, passes, seconds, helps = [], [], 0, 0.0, False
     for name, tokens in puzzles:
         with tqdm(total=budget, desc=name, unit="s", leave=False, bar_format="{desc}: {bar} {n:.1f}/{total:g} s"
-                  "{postfix}") as bar:
+                  "{postfix}", disable=quiet or not sys.stderr.isatty()) as bar:  # bars only on a terminal
             def shown(spent, best, bar=bar):
                 bar.n = min(spent.seconds, budget)
                 bar.set_postfix_str(f"round {spent.rounds}, {spent.passes:,} segment passes"
@@ -316,6 +380,16 @@ def report(found, stem: Path, views: int = 1, note: str = "") -> None:
                                    "answer)", shown=gif_segments(len(found.segment_grids)))
     gif, strip = save_segments(frames, stem)
     print(f"picture: {stem.with_suffix('.png')}; segments: {gif}, {strip}")
+
+
+def __getattr__(name: str):
+    """``solve.Solver``: the solver for your own code (utils/eval/api.py), loaded with torch only when asked for, so
+    that ``solve.py --help`` stays quick."""
+    if name in ("Solver", "Solution"):
+        from utils.eval import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'solve' has no attribute {name!r}")
 
 
 def main(argv: Optional[list[str]] = None) -> int:

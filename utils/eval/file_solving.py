@@ -1,0 +1,157 @@
+"""Solving a file of puzzles (``solve.py --sudoku FILE`` / ``--maze FILE`` with more than one puzzle in it): each
+puzzle read as it is needed, answered, and its row written to ``OUT/answers.csv`` at once (utils/eval/answers_file.py),
+so memory and the time to the first answer do not grow with the file, a stop keeps every answer found, and the same
+command continues where it stopped. A line that is not a puzzle gets a row saying why, and the rest are answered.
+
+Under a budget each puzzle is solved by anytime solving (utils/eval/anytime.py); with fixed compute (``--budget 0``)
+puzzles are answered :data:`FIXED_BATCH` at a time.
+
+Exit codes: 0 every puzzle answered and every answer consistent; 1 some answer is not consistent (or the puzzle has
+no solution); 3 every answer consistent, but some lines were not puzzles (listed in the summary).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+from tqdm import tqdm
+
+from utils.data.user_puzzles import FileEntry, iter_puzzle_file
+from utils.eval.answers_file import BAD_LINE, AnswersFile, read_rows, summary
+from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
+from utils.eval.solving import Answer, answer
+from utils.eval.stats import wilson_interval
+
+FIXED_BATCH = 64  # puzzles answered together under fixed compute: bounded memory, whatever the file's length
+BAD_LINES_SHOWN = 10  # bad lines the summary names
+
+
+def grid_text(task: str, tokens: np.ndarray) -> str:
+    """A puzzle or answer as one CSV field: a Sudoku as 81 characters (``.`` blank), a maze's rows joined by ``|``."""
+    if task == "sudoku":
+        return "".join(str(t - 1) if 2 <= t <= 10 else "." for t in tokens.tolist())
+    from utils.data.user_puzzles import format_maze
+
+    return format_maze(tokens).replace("\n", "|")
+
+
+def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget: Optional[float], ttc, device,
+               quiet: bool = False, shown: Callable[[Answer, FileEntry], None] = None) -> int:
+    """Answer every puzzle of ``path`` into ``out/answers.csv`` (module docstring) and print one line a puzzle and
+    a summary; the exit code.
+
+    Args:
+        settings: what the answers are made with (model, protocol, precision, ...), kept beside them.
+        budget: seconds a puzzle (anytime solving), or None for fixed compute ``ttc``.
+        quiet: no progress bar (one is drawn only on a terminal anyway).
+        shown: called with each answer and its entry (solve.py's pictures, on request).
+
+    Raises:
+        AnswersFileError: ``out`` holds answers made with other settings.
+        PuzzleInputError: ``path`` cannot be opened.
+    """
+    answers = AnswersFile(out, settings)
+    if answers.answered:
+        print(f"continuing {answers.path}: {len(answers.answered)} line(s) answered before", flush=True)
+    precision = settings["precision"]
+    bar = tqdm(desc=path.name, unit="puzzle", disable=quiet or not sys.stderr.isatty(), leave=False)
+    pending: list[FileEntry] = []
+    try:
+        for entry in iter_puzzle_file(task, path):
+            if entry.line in answers.answered:
+                continue
+            if entry.tokens is not None and entry.tokens.size != trained.seq_len:
+                entry = replace(entry, tokens=None, error=f"{entry.tokens.size} cells; the model answers puzzles of "
+                                                          f"{trained.seq_len}: give a model trained on them")
+            if budget is None:  # rows keep the file's order: a bad line waits for the puzzles before it
+                pending.append(entry)
+                if sum(e.error is None for e in pending) == FIXED_BATCH:
+                    _fixed(answers, trained, task, pending, ttc, device, precision, shown)
+            elif entry.error is not None:
+                _write(answers, _bad_row(entry))
+            else:
+                solved = solve_anytime(trained, task, f"line {entry.line}", entry.tokens, budget, ttc, device)
+                _write(answers, _row(task, entry, solved.answer, solved.ended, protocol(budget), precision,
+                                     solved.spent.passes, solved.spent.seconds), shown, solved.answer, entry)
+            bar.update(1)
+        if pending:
+            _fixed(answers, trained, task, pending, ttc, device, precision, shown)
+    finally:
+        bar.close()
+        answers.close()
+    return _summarise(answers.path, budget)
+
+
+def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], ttc, device, precision: str,
+           shown) -> None:
+    """Answer ``entries`` together under fixed compute and write their rows (then empty the list)."""
+    good = [e for e in entries if e.error is None]
+    start = time.monotonic()
+    found = iter(answer(trained, task, [(f"line {e.line}", e.tokens) for e in good], ttc, device) if good else [])
+    seconds = (time.monotonic() - start) / max(len(good), 1)
+    passes = (ttc.segments or trained.cfg.arch["halt_max_steps"]) * ttc.rollouts * ttc.views
+    what = (f"fixed: {passes} segment passes a puzzle, "
+            f"{'checked' if ttc.checker is not None else 'model-only'} selection")
+    for entry in entries:
+        if entry.error is not None:
+            _write(answers, _bad_row(entry))
+        else:
+            one = next(found)
+            _write(answers, _row(task, entry, one, "", what, precision, passes, seconds), shown, one, entry)
+    entries.clear()
+
+
+def _bad_row(entry: FileEntry) -> dict:
+    return {"line": entry.line, "puzzle": entry.text.replace("\n", "|"), "verdict": f"{BAD_LINE}: {entry.error}"}
+
+
+def _row(task: str, entry: FileEntry, found: Optional[Answer], ended: str, how: str, precision: str, passes: int,
+         seconds: float) -> dict:
+    """One row of answers.csv for ``entry`` answered by ``found`` (None: the puzzle has no solution)."""
+    from utils.data.user_puzzles import count_puzzle_solutions
+
+    if ended == "unsolvable":
+        verdict, unique = f"no solution: {UNSOLVABLE[task]}", "no"
+    else:
+        verdict = "consistent" if found.consistent else "NOT consistent: " + "; ".join(found.problems)
+        solutions = count_puzzle_solutions(task, entry.tokens) if found.unique is None else None
+        unique = "yes" if (found.unique or solutions == 1) else "no"
+    return {"line": entry.line, "puzzle": grid_text(task, entry.tokens),
+            "answer": "" if found is None else grid_text(task, found.grid), "verdict": verdict, "unique": unique,
+            "protocol": how, "precision": precision, "passes": passes, "seconds": f"{seconds:.3f}",
+            "file_answer": "" if entry.label is None else grid_text(task, entry.label)}
+
+
+def _write(answers: AnswersFile, row: dict, shown=None, found: Optional[Answer] = None,
+           entry: Optional[FileEntry] = None) -> None:
+    answers.write(row)
+    seconds = f" in {float(row['seconds']):.1f} s" if row.get("seconds") else ""
+    unique = " (not unique)" if row.get("unique") == "no" and row["verdict"] == "consistent" else ""
+    print(f"line {row['line']}: {row['verdict']}{unique}{seconds}", flush=True)
+    if shown is not None and found is not None:
+        shown(found, entry)
+
+
+def _summarise(path: Path, budget: Optional[float]) -> int:
+    """Print the closing summary of ``path`` (every row, earlier runs' included); the exit code."""
+    counts = summary(path)
+    print(f"\n{counts['answered']} line(s) answered, {counts['consistent']} consistent, {counts['not_unique']} not "
+          f"unique; {counts['bad']} bad line(s); answers in {path}")
+    if counts["bad"]:
+        bad = [row["line"] for row in read_rows(path) if row["verdict"].startswith(BAD_LINE)]
+        print(f"bad lines: {', '.join(bad[:BAD_LINES_SHOWN])}{', …' if len(bad) > BAD_LINES_SHOWN else ''} (their "
+              f"reasons are in {path.name})")
+    if counts["labelled"]:
+        low, high = wilson_interval(counts["exact"], counts["labelled"])
+        how = protocol(budget) if budget is not None else "fixed compute"
+        print(f"exact accuracy against the file's answers ({how}): {counts['exact'] / counts['labelled']:.4f} (95% CI "
+              f"{low:.2f}-{high:.2f}, n={counts['labelled']})")
+    if counts["consistent"] < counts["answered"]:
+        return 1
+    return 3 if counts["bad"] else 0
+
