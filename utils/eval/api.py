@@ -1,0 +1,139 @@
+"""The solver called from your own code: ``import solve; solver = solve.Solver()`` (solve.py exports this class).
+
+    import solve
+
+    solver = solve.Solver()                                   # the bundled models, on the best device
+    found = solver.sudoku("...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5....")
+    print(found.text, found.consistent, found.unique, found.passes, found.seconds)
+    for found in solver.sudokus(open("puzzles.txt"), budget=2.0):   # answers as they are found
+        print(found.consistent)
+
+Each puzzle is solved as ``solve.py`` solves it: checked, anytime (utils/eval/anytime.py) within ``budget`` seconds,
+in the precision measured to solve the most puzzles a second (utils/eval/precision.py). A figure from it is under
+that protocol (:attr:`Solution.protocol`), not the references' one answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from utils.data.user_puzzles import PuzzleInputError, format_maze, parse_maze, parse_sudoku
+from utils.device import select_device
+from utils.eval.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protocol, solve_anytime
+from utils.eval.load import Trained
+from utils.eval.precision import solving_dtype
+from utils.eval.reasoning import TestTimeCompute
+from utils.eval.solving import open_model
+
+__all__ = ["Solver", "Solution", "PuzzleInputError"]
+
+
+@dataclass(frozen=True)
+class Solution:
+    """One puzzle answered by :class:`Solver`.
+
+    Attributes:
+        task: ``sudoku`` or ``maze``.
+        text: the answer grid as text (a Sudoku as 81 digits, a maze as rows over ``# SGo``); "" when the puzzle has
+            no solution.
+        consistent: whether the answer obeys the puzzle's rules (for a puzzle with one solution: it is the solution).
+        unique: whether the puzzle has exactly one solution (counted exactly before solving).
+        ended: ``consistent``, ``budget`` (spent, none obeyed the rules) or ``unsolvable`` (nothing was run).
+        problems: what keeps the answer from obeying the rules (empty when consistent).
+        protocol: the protocol the answer was found under, e.g. ``checked, anytime, <=6 s a puzzle``.
+        passes: segment passes spent (trajectories x segments run).
+        seconds: wall-clock seconds spent solving, the model's load excluded.
+        segments: the kept trajectory's answer after each segment, as text, the last equal to ``text``.
+    """
+
+    task: str
+    text: str
+    consistent: bool
+    unique: bool
+    ended: str
+    problems: tuple[str, ...]
+    protocol: str
+    passes: int
+    seconds: float
+    segments: tuple[str, ...]
+
+
+def _text(task: str, tokens: np.ndarray) -> str:
+    if task == "sudoku":
+        return "".join(str(t - 1) if 2 <= t <= 10 else "." for t in tokens.tolist())
+    return format_maze(tokens)
+
+
+class Solver:
+    """Solve Sudoku and mazes from Python (module docstring). Models load on first use, one a task.
+
+    Args:
+        checkpoint: a Sudoku or maze checkpoint (a file, a run directory, ``hf://owner/repo``) used for its task;
+            None: the bundled models (a Sudoku, and mazes of 10x10).
+        device: ``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``.
+        dtype: ``auto`` (measured per device, utils/eval/precision.py), ``float32`` or ``bfloat16``.
+        seed: the first seed of the trajectories' noise and views (a seed gives the same answers on one device).
+
+    Raises:
+        DeviceError: a device this machine does not have, or a dtype not named above.
+    """
+
+    def __init__(self, checkpoint: Optional[str] = None, device: str = "auto", dtype: str = "auto", seed: int = 0):
+        self.device = select_device(device).device
+        self.dtype, self.dtype_reason = solving_dtype(self.device, dtype)
+        self.checkpoint, self.seed = checkpoint, seed
+        self._models: dict[tuple[str, int], Trained] = {}
+
+    def sudoku(self, puzzle: str, budget: float = 6.0) -> Solution:
+        """Solve one Sudoku: 81 characters, row by row, ``1``-``9`` for givens and ``.`` or ``0`` for blanks.
+
+        Args:
+            budget: seconds at most (0 < budget <= a day).
+
+        Raises:
+            PuzzleInputError: not a Sudoku (the message says where and why), or a checkpoint of other puzzles.
+            TestTimeComputeError: a budget out of range.
+        """
+        return self._solve("sudoku", parse_sudoku(puzzle, "the Sudoku"), budget)
+
+    def maze(self, text: str, budget: float = 6.0) -> Solution:
+        """Solve one maze: a square text grid, one line per row, of ``#`` (wall), space (open), ``S`` and ``G``.
+
+        Raises:
+            PuzzleInputError: not such a maze, or no model for its size.
+            TestTimeComputeError: a budget out of range.
+        """
+        return self._solve("maze", parse_maze(text, "the maze")[0], budget)
+
+    def sudokus(self, puzzles: Iterable[str], budget: float = 6.0) -> Iterator[Solution]:
+        """Solve each Sudoku of ``puzzles`` (blank lines skipped), yielding each answer as soon as it is found.
+
+        Raises:
+            PuzzleInputError: at the first entry that is not a Sudoku; the answers before it were yielded.
+        """
+        for puzzle in puzzles:
+            if puzzle.strip():
+                yield self.sudoku(puzzle, budget)
+
+    def _solve(self, task: str, tokens: np.ndarray, budget: float) -> Solution:
+        check_budget_s(budget, "budget")
+        trained = self._model(task, tokens.size)
+        ttc = TestTimeCompute(noise=LATENT_NOISE, seed=self.seed)
+        solved = solve_anytime(trained, task, task, tokens, budget, ttc, self.device)
+        found = solved.answer
+        if found is None:
+            return Solution(task, "", False, False, solved.ended, (UNSOLVABLE[task],), protocol(budget), 0, 0.0, ())
+        return Solution(task, _text(task, found.grid), found.consistent, bool(found.unique), solved.ended,
+                        tuple(found.problems), protocol(budget), solved.spent.passes, solved.spent.seconds,
+                        tuple(_text(task, grid) for grid in found.segment_grids))
+
+    def _model(self, task: str, seq_len: int) -> Trained:
+        key = (task, seq_len)
+        if key not in self._models:
+            with torch.no_grad():
+                self._models[key] = open_model(self.checkpoint, task, seq_len, 1, self.device, self.dtype)
+        return self._models[key]
