@@ -252,26 +252,45 @@ def test_the_page_solves_under_a_budget_shows_its_progress_and_stops_with_its_be
     monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
     models = call(shipped, "GET", "/api/models")[1]["models"]
     assert models[0]["compute"]["budget"] == 0  # this page was started without one: fixed compute by default
-    replies = []
-    request = {"model": 0, "puzzle": ESCARGOT, "compute": {"budget": MAX_PAGE_BUDGET_S, "segments": 2}}
+    replies, progress = [], "/api/progress?solve=a-budgeted-solve"
+    request = {"model": 0, "puzzle": ESCARGOT, "solve_id": "a-budgeted-solve",
+               "compute": {"budget": MAX_PAGE_BUDGET_S, "segments": 2}}
     solving_thread = threading.Thread(target=lambda: replies.append(call(shipped, "POST", "/api/solve", request)))
     solving_thread.start()
-    until(lambda: call(shipped, "GET", "/api/progress")[1].get("rounds", 0) >= 3, "three rounds are in")
-    progress = call(shipped, "GET", "/api/progress")[1]
-    assert progress["solving"] and progress["budget"] == MAX_PAGE_BUDGET_S and progress["passes"] >= 2 * 4
-    assert call(shipped, "POST", "/api/stop", {}) == (200, {"stopping": True})
+    until(lambda: call(shipped, "GET", progress)[1].get("rounds", 0) >= 3, "three rounds are in")
+    watched = call(shipped, "GET", progress)[1]
+    assert watched["solving"] and watched["budget"] == MAX_PAGE_BUDGET_S and watched["passes"] >= 2 * 4
+    assert call(shipped, "POST", "/api/stop", {"solve": "a-budgeted-solve"}) == (200, {"stopping": True})
     solving_thread.join(300)
     status, answer = replies[0]
     assert status == 200 and answer["anytime"]["ended"] == "stopped" and not answer["consistent"]
     assert answer["anytime"]["protocol"] == f"checked, anytime, <={MAX_PAGE_BUDGET_S} s a puzzle"
     assert answer["anytime"]["rounds"] >= 3 and answer["compute"]["budget"] == MAX_PAGE_BUDGET_S
-    assert call(shipped, "GET", "/api/progress")[1] == {"solving": False}
-    assert call(shipped, "POST", "/api/stop", {}) == (200, {"stopping": False})  # nothing under way
+    assert answer["compute"]["rollouts"] == answer["anytime"]["trajectories"] and answer["compute"]["checked"]
+    assert call(shipped, "GET", progress)[1] == {"solving": False}
+    assert call(shipped, "POST", "/api/stop", {"solve": "a-budgeted-solve"}) == (200, {"stopping": False})  # ended
 
 
 def test_the_pages_budget_is_bounded_and_leaves_rollouts_to_its_rounds(shipped):  # noqa: F811
-    for compute, wanted in (({"budget": MAX_PAGE_BUDGET_S + 1}, "--budget=301 is out of range"),
-                            ({"budget": 5, "rollouts": 4}, "--rollouts 4 with --budget"),
-                            ({"budget": "5"}, "--budget='5' is not a float")):
+    for compute, wanted in (({"budget": MAX_PAGE_BUDGET_S + 1}, "budget=301 is out of range"),
+                            ({"budget": 5, "rollouts": 4}, "rollouts 4 with budget: "),
+                            ({"budget": "5"}, "budget='5' is not a float")):
         status, reply = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": HELD_OUT, "compute": compute})
-        assert status == 400 and wanted in reply["error"], reply
+        assert status == 400 and reply["error"].startswith(wanted) and "--" not in reply["error"], reply
+
+
+def test_budget_0_is_fixed_compute_in_evaluate_as_in_solve(sudoku_dir, capsys):
+    bundled = str(solving.bundled_checkpoint("sudoku"))
+    assert evaluate.main(["--checkpoint", bundled, "--data-path", str(sudoku_dir), "--device", "cpu",
+                          "--max-examples", "2", "--rollouts", "1", "--budget", "0"]) == 0  # was refused
+    out = capsys.readouterr().out
+    assert "exact_accuracy:" in out and "checked, anytime" not in out
+
+
+def test_the_noise_flag_sets_the_latent_noise_of_anytime_solving_0_included(bundled):
+    from types import SimpleNamespace
+
+    flags = dict(budget=5.0, rollouts=None, views=None)
+    for given, used in ((None, anytime.LATENT_NOISE), (0.0, 0.0), (0.25, 0.25)):
+        ttc = anytime.anytime_compute(SimpleNamespace(noise=given, **flags), own_compute(bundled))
+        assert anytime.default_search(bundled, ttc).latent_noise == used  # --noise 0 was replaced by 1.0

@@ -38,8 +38,8 @@ from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sud
 from utils.eval import solving
 from utils.eval.solving import BUNDLED, Answer, flops_per_pass, open_model
 from utils.serve import server as server_module
-from utils.serve.server import (Offered, PageServer, Solver, access_for, answer_json, bind_advice, make_server,
-                                spelled_address)
+from utils.serve.server import (MAX_PAGE_BUDGET_S, STOPPED_WAITING, Offered, PageServer, Solver, access_for,
+                                answer_json, bind_advice, make_server, spelled_address)
 
 ROOT = Path(__file__).resolve().parent.parent
 # Maze 0 of the maze recipe's test split (the page's example).
@@ -120,12 +120,12 @@ def test_a_maze_is_answered_and_compute_is_taken_from_the_request(server):
     ({"model": 0, "puzzle": SUDOKU[:80]}, "the puzzle: 80 cells; a Sudoku is 81 characters"),
     ({"model": 0, "puzzle": "55" + SUDOKU[2:]}, "the puzzle: row 1 already holds 5 twice"),
     ({"model": 0, "puzzle": ""}, "the puzzle is empty"),
-    ({"model": 1, "puzzle": "#S#\n#G"}, "the maze: 2 row(s) of up to 3 characters; a maze is a square grid"),
+    ({"model": 1, "puzzle": "#S#\n#G"}, "the maze: 2 row(s) of up to 3 characters (row 2 has 2"),
     ({"model": 1, "puzzle": "#####\n#S  #\n# # #\n#  G#\n#####"},
      "the bundled model maze_10x10_trm.pt was trained on 10x10 mazes, not on mazes of 5x5: give --checkpoint"),
     ({"model": 1, "puzzle": MAZE_10.replace("G", " ")}, "the maze: "),
-    ({"model": 0, "puzzle": SUDOKU, "compute": {"segments": 0}}, "--segments=0 is out of range: 1..10000"),
-    ({"model": 0, "puzzle": SUDOKU, "compute": {"rollouts": "many"}}, "--rollouts='many' is not a int"),
+    ({"model": 0, "puzzle": SUDOKU, "compute": {"segments": 0}}, "segments=0 is out of range: 1..10000"),
+    ({"model": 0, "puzzle": SUDOKU, "compute": {"rollouts": "many"}}, "rollouts='many' is not a int"),
     ({"model": 7, "puzzle": SUDOKU}, "model 7 is not one of the ids 0..2"),
     ([1, 2], "the request is not a JSON object"),
 ])
@@ -162,7 +162,9 @@ def test_solve_py_serve_prints_its_address_serves_and_stops_on_sigterm(sudoku_ru
     finally:
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=60)
-    assert process.returncode == 0 and out.strip() == "stopped" and "Traceback" not in err, err
+    *before, last = out.strip().splitlines()  # the device and precision line follows the address
+    assert process.returncode == 0 and last == "stopped" and "Traceback" not in err, err
+    assert [line.split(",")[0] for line in before] == ["device cpu"], out
 
 
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -323,8 +325,8 @@ def test_campaign4_p05_compute_over_the_models_budget_is_refused_before_any_work
                              ({"segments": 100, "rollouts": 16, "noise": 0.5}, "100 x 16 x 1 = 1,600")):
         status, answer = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": SUDOKU, "compute": compute})
         assert status == 400 and "\n" not in answer["error"], answer
-        assert f"--segments x --rollouts x --views = {product} segment passes a puzzle, more than this model's " \
-               f"budget of {budget['passes']:,}" in answer["error"]
+        assert answer["error"].startswith(f"segments x rollouts x views = {product} segment passes a puzzle, more "
+                                          f"than this model's budget of {budget['passes']:,}")
     assert not calls  # refused before the model ran a segment
     page = call(shipped, "GET", "/")[1]
     assert 'id="budget"' in page and "budget.passes" in page  # the fields show the limits
@@ -443,7 +445,7 @@ def test_campaign4_p16_whole_number_floats_are_whole_numbers(shipped):
     for value in (2.5, 1e400, "2"):  # 1e400: Python's JSON reads it as inf
         body = json.dumps({"model": 0, "puzzle": SUDOKU, "compute": {"segments": value}})
         status, answer = call(shipped, "POST", "/api/solve", body.encode())
-        assert status == 400 and "--segments=" in answer["error"] and "is not a int" in answer["error"], answer
+        assert status == 400 and answer["error"].startswith("segments=") and "is not a int" in answer["error"], answer
 
 
 def test_campaign4_p17_a_request_nested_too_deep_gets_one_line(shipped):
@@ -635,3 +637,144 @@ def test_ctrl_c_while_a_connections_thread_starts_leaves_its_connection_to_the_h
     finally:
         release.set()
         page.server_close()
+
+
+# ---- issues 62 and 63: each client owns its solve; the page's answers and errors say what the page asked -------------
+
+LONG = {"budget": MAX_PAGE_BUDGET_S, "segments": 2}  # with never_consistent: runs until it is stopped
+
+
+def never_consistent(monkeypatch) -> None:
+    """No Sudoku answer obeys the rules: an anytime solve goes on, round after round, until it is stopped."""
+    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+
+
+def in_background(server, body) -> tuple[threading.Thread, list]:
+    """POST ``body`` to /api/solve from a thread of its own; the thread and the list its (status, reply) lands in."""
+    replies = []
+    thread = threading.Thread(target=lambda: replies.append(call(server, "POST", "/api/solve", body)), daemon=True)
+    thread.start()
+    return thread, replies
+
+
+def progress_of(server, solve_id: str) -> dict:
+    return call(server, "GET", f"/api/progress?solve={solve_id}")[1]
+
+
+def test_issue62_a_client_watches_and_stops_only_its_own_solve(shipped, monkeypatch):
+    never_consistent(monkeypatch)
+    mine, theirs = "first-clients-solve", "second-clients-solve"
+    thread, replies = in_background(shipped, {"model": 0, "puzzle": SUDOKU, "solve_id": mine, "compute": LONG})
+    try:
+        until(lambda: progress_of(shipped, mine).get("rounds", 0) >= 1, "the first client's solve has a round in")
+        assert progress_of(shipped, theirs) == {"solving": False}  # was the first client's solve's progress
+        assert call(shipped, "POST", "/api/stop", {"solve": theirs}) == (200, {"stopping": False})  # was: stopped it
+        rounds = progress_of(shipped, mine)["rounds"]
+        until(lambda: progress_of(shipped, mine).get("rounds", 0) > rounds, "the first client's solve goes on")
+        watched = progress_of(shipped, mine)
+        assert watched["solving"] and not watched["waiting"] and watched["budget"] == MAX_PAGE_BUDGET_S, watched
+        assert call(shipped, "POST", "/api/stop", {"solve": mine}) == (200, {"stopping": True})
+    finally:
+        call(shipped, "POST", "/api/stop", {"solve": mine})
+        thread.join(300)
+    status, answer = replies[0]
+    assert status == 200 and answer["anytime"]["ended"] == "stopped", answer
+    assert progress_of(shipped, mine) == {"solving": False}
+
+
+def test_issue62_a_stop_ends_a_solve_waiting_for_its_turn_while_another_runs(shipped, monkeypatch):
+    never_consistent(monkeypatch)
+    running, waiting = "the-running-solve", "the-waiting-solve"
+    first, first_replies = in_background(shipped, {"model": 0, "puzzle": SUDOKU, "solve_id": running,
+                                                   "compute": LONG})
+    try:
+        until(lambda: progress_of(shipped, running).get("rounds", 0) >= 1, "the first solve runs")
+        second, second_replies = in_background(shipped, {"model": 1, "puzzle": MAZE_10, "solve_id": waiting,
+                                                         "compute": {"segments": 1}})
+        until(lambda: progress_of(shipped, waiting) == {"solving": True, "waiting": True},
+              "the second solve waits for its turn")  # was: the running solve's progress, under either id
+        status, reply = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": SUDOKU, "solve_id": running})
+        assert status == 400 and reply["error"].startswith("solve_id 'the-running-solve' names a solve under way")
+        assert call(shipped, "POST", "/api/stop", {"solve": waiting}) == (200, {"stopping": True})
+        second.join(300)  # answered at once, not after its turn
+        assert second_replies == [(400, {"error": STOPPED_WAITING})]
+        assert progress_of(shipped, running)["solving"]  # the other solve ran on, unstopped, all the while
+    finally:
+        call(shipped, "POST", "/api/stop", {"solve": running})
+        first.join(300)
+    status, answer = first_replies[0]
+    assert status == 200 and answer["anytime"]["ended"] == "stopped", answer
+
+
+def test_issue62_solves_from_one_address_leave_it_connections_to_stop_them(shipped, monkeypatch):
+    """Eight solves waiting from one address held all of its PEER_CONNECTIONS: its stop got a 503."""
+    never_consistent(monkeypatch)
+    monkeypatch.setattr(server_module, "PEER_CONNECTIONS", 4)
+    monkeypatch.setattr(server_module, "PEER_SOLVES", 2, raising=False)
+    running, waiting = "one-address-running", "one-address-waiting"
+    first, first_replies = in_background(shipped, {"model": 0, "puzzle": SUDOKU, "solve_id": running,
+                                                   "compute": LONG})
+    second, second_replies, third = None, [], None
+    try:
+        until(lambda: progress_of(shipped, running).get("rounds", 0) >= 1, "the first solve runs")
+        second, second_replies = in_background(shipped, {"model": 1, "puzzle": MAZE_10, "solve_id": waiting,
+                                                         "compute": {"segments": 1}})
+        until(lambda: progress_of(shipped, waiting).get("waiting"), "the second solve waits for its turn")
+        third, third_replies = in_background(shipped, {"model": 1, "puzzle": MAZE_10, "compute": {"segments": 1}})
+        until(lambda: third_replies, "the third solve is answered")  # was: it waited, a connection held
+        status, reply = third_replies[0]
+        assert status == 429 and reply["error"] == "this address has 2 solves running or waiting for their turn: " \
+                                                   "stop one, or wait for one to end", reply
+        assert call(shipped, "POST", "/api/stop", {"solve": waiting}) == (200, {"stopping": True})
+        second.join(300)
+        assert second_replies == [(400, {"error": STOPPED_WAITING})]
+    finally:
+        call(shipped, "POST", "/api/stop", {"solve": running})
+        for thread in (first, second, third):
+            if thread is not None:
+                thread.join(300)
+    assert first_replies[0][0] == 200 and first_replies[0][1]["anytime"]["ended"] == "stopped", first_replies
+
+
+@pytest.mark.parametrize("method,path,body,error", [
+    ("POST", "/api/solve", {"model": 0, "puzzle": SUDOKU, "solve_id": "short"}, "solve_id='short' is not a solve's id"),
+    ("GET", "/api/progress", None, "solve=None is not a solve's id"),
+    ("GET", "/api/progress?solve=a%20space%20in%20it", None, "solve='a space in it' is not a solve's id"),
+    ("POST", "/api/stop", {}, "solve=None is not a solve's id"),
+    ("POST", "/api/stop", {"solve": 12345678}, "solve=12345678 is not a solve's id"),
+])
+def test_issue62_a_malformed_solve_id_gets_one_line(shipped, method, path, body, error):
+    status, reply = call(shipped, method, path, body)
+    assert status == 400 and reply["error"].startswith(error) and "\n" not in reply["error"], reply
+
+
+def test_issue63_an_anytime_answers_compute_says_what_its_rounds_ran(shipped, monkeypatch):
+    """It said one unchecked rollout ({"rollouts": 1, "checked": false}) beside "checked, anytime"."""
+    never_consistent(monkeypatch)
+    status, answer = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": SUDOKU,
+                                                          "compute": {"budget": 1, "segments": 2, "noise": 0.25}})
+    assert status == 200 and answer["anytime"]["ended"] == "budget", answer
+    used = answer["compute"]
+    assert used["checked"] is True and used["rollouts"] == answer["anytime"]["trajectories"], used
+    assert used["budget"] == 1 and used["segments"] == 2 and used["noise"] == 0.25
+    assert used["search"] == "2 segments, symmetry views, latent noise 0.25, checked every segment"
+
+
+@pytest.mark.parametrize("compute,error", [
+    ({"budget": MAX_PAGE_BUDGET_S + 1}, "budget=301 is out of range: 0 (fixed compute) to 300 seconds a puzzle"),
+    ({"budget": 300.0001}, "budget=300.0001 is out of range: "),  # was "--budget=300 is out of range ... to 300"
+    ({"budget": 5, "views": 2}, "views 2 with budget: "),
+    ({"min_segments": 0, "early_exit": True}, "min_segments=0 is out of range"),
+    ({"segments": 100, "rollouts": 1000}, "segments x rollouts x views = 100 x 1000 x 1 = 100,000 segment passes"),
+])
+def test_issue63_an_error_names_the_pages_field_and_the_value_as_sent(shipped, compute, error):
+    status, reply = call(shipped, "POST", "/api/solve", {"model": 0, "puzzle": SUDOKU, "compute": compute})
+    assert status == 400 and reply["error"].startswith(error) and "--" not in reply["error"], reply
+
+
+def test_issue63_a_serve_budget_over_the_pages_bound_is_refused_at_start(tmp_path, capsys, monkeypatch):
+    # was served, every Solve then refused (a Ctrl-C at once ends a page that starts)
+    monkeypatch.setattr(PageServer, "serve_forever", lambda self: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert_one_line(capsys, solve.main(["--device", "cpu", "--serve", "--port", "0", "--budget", "500", "--out",
+                                        str(tmp_path / "o")]),
+                    "--budget 500 is more than the page's 300 s a puzzle: give --budget 300 or less with --serve")

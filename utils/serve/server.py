@@ -9,13 +9,19 @@ works offline) and a JSON API that solving goes through (utils/eval/solving.py, 
     GET  /api/models   the models on offer: the bundled ones, then each --checkpoint, with the task each answers,
                        its own test-time compute (what solve.py uses without flags) and its budget (below)
     POST /api/solve    {"model": ID, "puzzle": TEXT} or {"model": ID, "task": ARC_TASK_JSON}, and optionally
-                       "compute": {"segments", "early_exit", "min_segments", "rollouts", "noise", "views",
-                       "rollout_seed", "checked", "budget"}; the answer after every ACT segment, sigmoid(q_halt) per
-                       segment, the verdict, the GIF (base64), the answer as text and the compute used, and with a
-                       "budget" (seconds a puzzle: anytime solving with checked answers, utils/eval/anytime.py) what
-                       it spent ("anytime"); or {"error": ONE_LINE} with status 400, the same line solve.py prints
-    GET  /api/progress the anytime solve under way: {"solving", "budget", "seconds", "rounds", "passes", "consistent"}
-    POST /api/stop     end the anytime solve under way now, with its best answer so far
+                       "solve_id" (8 to 64 of A-Z a-z 0-9 _ -, a random one the client picks: the key to this
+                       solve's progress and stop) and "compute": {"segments", "early_exit", "min_segments",
+                       "rollouts", "noise", "views", "rollout_seed", "checked", "budget"}; the answer after every ACT
+                       segment, sigmoid(q_halt) per segment, the verdict, the GIF (base64), the answer as text and
+                       the compute used, and with a "budget" (seconds a puzzle: anytime solving with checked answers,
+                       utils/eval/anytime.py) what it spent ("anytime"); or {"error": ONE_LINE} with status 400, the
+                       line solve.py prints with the request's field names for its flags (budget, not --budget)
+    GET  /api/progress ?solve=SOLVE_ID: {"solving": false} (no such solve under way), or {"solving": true,
+                       "waiting"} (for its turn) and once an anytime solve runs "budget", "seconds", "rounds",
+                       "passes", "consistent"
+    POST /api/stop     {"solve": SOLVE_ID}: end that solve now: an anytime one with its best answer so far, a
+                       fixed-compute one, or one waiting for its turn, with an error saying so (an ARC adaptation
+                       under way runs to its end); {"stopping": false} when none is under way (or an ARC one)
 
 Safety: it listens on 127.0.0.1 unless ``--host`` says otherwise, and answers only requests whose ``Host`` (and
 ``Origin``, when a browser sends one) is an address it listens on, never a bare 0.0.0.0, so another web page cannot
@@ -26,13 +32,15 @@ file: models are picked by their id among those the command line gave, and an AR
 to the command's own ``--out`` folder.
 
 Bounds: a request over its model's compute budget (segments x rollouts x views, and the segment answers it keeps,
-:func:`utils.eval.solving.compute_budget`) is refused before any work; one solve runs at a time, and a solve, or a
-request waiting for its turn, is cancelled between two segments when its client goes away. A client silent for
-:data:`CONNECTION_TIMEOUT_S`, or whose request has not arrived within :data:`REQUEST_DEADLINE_S`, is hung up on; at
-most :data:`MAX_CONNECTIONS` are served at once, :data:`PEER_CONNECTIONS` of them from one address (the next gets a
-503, before its request is read, so slow clients at one address cannot keep the page from the others); a client that
-leaves is no error. Ctrl-C (or SIGTERM) cancels the solve in progress and waits for it to leave the model, so the
-process never ends under a thread still inside torch (which aborts: "terminate called without an active exception").
+:func:`utils.eval.solving.compute_budget`) is refused before any work; one solve runs at a time, at most
+:data:`PEER_SOLVES` of them running or waiting from one address, and a solve, or a request waiting for its turn, is
+cancelled between two segments when its client goes away. A solve is its client's: only its id stops it or reads its
+progress. A client silent for :data:`CONNECTION_TIMEOUT_S`, or whose request has not arrived within
+:data:`REQUEST_DEADLINE_S`, is hung up on; at most :data:`MAX_CONNECTIONS` are served at once,
+:data:`PEER_CONNECTIONS` of them from one address (the next gets a 503, before its request is read, so slow clients
+at one address cannot keep the page from the others); a client that leaves is no error. Ctrl-C (or SIGTERM) cancels
+the solve in progress and waits for it to leave the model, so the process never ends under a thread still inside
+torch (which aborts: "terminate called without an active exception").
 """
 
 from __future__ import annotations
@@ -72,10 +80,12 @@ from utils.errors import RunFailure, UserError
 from utils.run.main import Terminated, one_line, sigterm_as_ctrl_c
 from utils.run.stop import signal_exit_code
 from utils.train.arc_adapt import adapt_and_answer, task_from_json
-from utils.eval.anytime import UNSOLVABLE, Spent, anytime_compute, protocol, solve_anytime
+from utils.config import ConfigError
+from utils.eval.anytime import UNSOLVABLE, Spent, anytime_compute, default_search, protocol, solve_anytime
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, TestTimeComputeError,
                                   test_time_compute)
+from utils.eval.search import Search
 from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
                                 flops_per_pass, gif_segments, open_model)
 from utils.viz.puzzles import render_segments, segments_gif
@@ -97,6 +107,12 @@ MAX_CONNECTIONS = 64  # connections served at once, each a thread
 # page in a browser opens at most 6, and a client that holds more (slowly sending nothing) keeps the rest of the
 # MAX_CONNECTIONS free for everyone else.
 PEER_CONNECTIONS = 8
+# Solves running or waiting for their turn from one address: fewer than PEER_CONNECTIONS, so that a client whose solves
+# wait still has connections left to stop them and watch them (the next solve gets a 429).
+PEER_SOLVES = PEER_CONNECTIONS - 2
+SOLVE_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")  # a solve's id, picked at random by its client
+# solve.py's test-time flags in a message, each named as the page's field instead: the request is what the user wrote
+_FLAG = re.compile(r"--(" + "|".join(field.replace("_", "-") for field in COMPUTE_FIELDS) + r")(?![\w-])")
 STOP_GRACE_S = 30  # Ctrl-C waits this long for the solve in progress to leave the model
 TURN_POLL_S = 0.2  # how often a request waiting for its turn checks that its client is still there
 
@@ -202,20 +218,30 @@ def answer_json(found: Answer) -> dict[str, Any]:
             "text": text, "gif": base64.b64encode(gif).decode()}
 
 
+@dataclass
+class _Solve:
+    """One solve in the hands of :class:`Solver`: ``enough`` is set when its client stops it, ``progress`` is what
+    ``/api/progress`` says of it, ``stoppable`` whether a stop still ends it (an ARC adaptation under way is not)."""
+
+    enough: threading.Event = dataclasses.field(default_factory=threading.Event)
+    progress: dict[str, Any] = dataclasses.field(default_factory=lambda: {"solving": True, "waiting": True})
+    stoppable: bool = True
+
+
 class Solver:
     """What the API does, apart from HTTP: the models on offer, one solve at a time, each cancelled between two
-    segments when its client leaves or the server stops (``stopping``); ``busy`` while one runs. An anytime solve
-    (a budget) reports its ``progress`` as it goes and ends with its best answer so far when asked (``enough``,
-    ``/api/stop``)."""
+    segments when its client leaves or the server stops (``stopping``); ``busy`` while one runs. A solve sent with an
+    id (``solves``) reports its :meth:`progress` as it goes and ends when asked (:meth:`stop`): an anytime one (a
+    budget) with its best answer so far."""
 
     def __init__(self, models: list[Offered], args: argparse.Namespace, device: torch.device, dtype: torch.dtype,
                  out: Path):
         self.models, self.args, self.device, self.dtype, self.out = models, args, device, dtype, out
         self.lock = threading.Lock()
         self.stopping = threading.Event()
-        self.enough = threading.Event()
         self.busy = False
-        self.progress: dict[str, Any] = {"solving": False}
+        self.solves: dict[str, _Solve] = {}  # by id: those running or waiting for their turn
+        self._solves_lock = threading.Lock()
 
     def solve(self, request: Any, client_gone: Optional[Callable[[], bool]] = None) -> dict[str, Any]:
         """Answer one ``/api/solve`` request: checked whole, budget included, before it waits for its turn.
@@ -224,8 +250,9 @@ class Solver:
             client_gone: whether the client has left (asked between segments); None: never.
 
         Raises:
-            UserError: a malformed request or puzzle, or compute out of range or over budget: the line solve.py
-                prints.
+            UserError: a malformed request or puzzle, compute out of range or over budget (the line solve.py
+                prints, naming the request's fields), a ``solve_id`` already under way, or a stop (:meth:`stop`)
+                before there was an answer to give.
             RunFailure: an ARC adaptation that stopped.
             Cancelled: the client left, or the server stops.
         """
@@ -235,13 +262,15 @@ class Solver:
         if not isinstance(model, int) or isinstance(model, bool) or not 0 <= model < len(self.models):
             raise PuzzleInputError(f"model {model!r} is not one of the ids 0..{len(self.models) - 1}")
         offered = self.models[model]
+        solve_id = None if request.get("solve_id") is None else checked_solve_id(request["solve_id"], "solve_id")
         flags = argparse.Namespace(**{**dict.fromkeys(COMPUTE_FIELDS), **_compute(request.get("compute"))})
         flags.budget = _page_budget(flags.budget, offered.task)
-        ttc = anytime_compute(flags, test_time_compute(flags, offered.trained.cfg, keep_segments=True,
-                                                       task=offered.task))
-        if offered.task == "arc" and ttc.views != 1:
-            raise PuzzleInputError(f"views={ttc.views} cannot be used with ARC: its augmented copies vote instead")
-        check_budget(offered.trained, ttc, flags, self.device, flops=offered.flops)
+        with _named_as_fields():
+            ttc = anytime_compute(flags, test_time_compute(flags, offered.trained.cfg, keep_segments=True,
+                                                           task=offered.task))
+            if offered.task == "arc" and ttc.views != 1:
+                raise PuzzleInputError(f"views={ttc.views} cannot be used with ARC: its augmented copies vote instead")
+            check_budget(offered.trained, ttc, flags, self.device, flops=offered.flops)
         used = compute_json(ttc, offered.trained.cfg.arch["halt_max_steps"], flags.budget or 0.0)
 
         def cancelled() -> bool:
@@ -249,52 +278,115 @@ class Solver:
 
         if offered.task == "arc":
             task, known = task_from_json(request.get("task"), "task", "the task")
-            with _Turn(self, cancelled, f"{offered.label}, {used}"):
+            with self._owned(solve_id) as mine, _Turn(self, mine, cancelled, f"{offered.label}, {used}",
+                                                      stoppable=False):
                 return self._arc(offered, task, known, ttc)
         tokens = self._puzzle(offered, request.get("puzzle"))
-        with _Turn(self, cancelled, f"{offered.label}, {used}"):
+        with self._owned(solve_id) as mine, _Turn(self, mine, cancelled, f"{offered.label}, {used}"):
             if flags.budget:
-                found, spent = self._anytime(offered, tokens, flags.budget, ttc, cancelled)
+                search = default_search(offered.trained, ttc)
+                found, spent = self._anytime(offered, tokens, flags.budget, ttc, search, cancelled, mine)
+                # What the rounds ran, not the one unchecked rollout that anytime_compute hands each of them.
+                used |= {"rollouts": spent["trajectories"], "noise": search.latent_noise, "checked": True,
+                         "search": search.describe()}
             else:
-                found, spent = answer(offered.trained, offered.task, [("puzzle", tokens)], ttc, self.device,
-                                      cancelled)[0], None
+                found, spent = self._fixed(offered, tokens, ttc, cancelled, mine), None
             if cancelled():
                 raise Cancelled("stopped before drawing the answer")
             return {"model": offered.label, **answer_json(found), "compute": used} | ({"anytime": spent} if spent
                                                                                      else {})
 
-    def _anytime(self, offered: Offered, tokens: np.ndarray, budget: float, ttc: TestTimeCompute,
-                 cancelled: Callable[[], bool]) -> tuple[Answer, dict[str, Any]]:
-        """Solve under ``budget`` seconds (utils/eval/anytime.py), reporting ``progress`` after every round; the
-        answer kept and what was spent.
+    @contextlib.contextmanager
+    def _owned(self, solve_id: Optional[str]) -> Iterator[_Solve]:
+        """``with``: a solve that :meth:`progress` and :meth:`stop` reach by ``solve_id`` until the block ends (None:
+        one no other request reaches).
+
+        Raises:
+            PuzzleInputError: ``solve_id`` names a solve already under way.
+        """
+        mine = _Solve()
+        if solve_id is None:
+            yield mine
+            return
+        with self._solves_lock:
+            if solve_id in self.solves:
+                raise PuzzleInputError(f"solve_id {solve_id!r} names a solve under way: pick a new random id for each "
+                                       "solve")
+            self.solves[solve_id] = mine
+        try:
+            yield mine
+        finally:
+            with self._solves_lock:
+                del self.solves[solve_id]
+
+    def progress(self, solve_id: str) -> dict[str, Any]:
+        """What the solve ``solve_id`` has done so far (``/api/progress``); ``{"solving": False}`` when there is no
+        such solve under way."""
+        with self._solves_lock:
+            mine = self.solves.get(solve_id)
+            return dict(mine.progress) if mine is not None else {"solving": False}
+
+    def stop(self, solve_id: str) -> bool:
+        """Ask the solve ``solve_id`` to end now (``/api/stop``); whether one will: False when there is no such solve
+        under way, or it cannot be stopped (an ARC adaptation under way)."""
+        with self._solves_lock:
+            mine = self.solves.get(solve_id)
+            if mine is None or not mine.stoppable:
+                return False
+            mine.enough.set()
+            return True
+
+    def _begin(self, mine: _Solve, stoppable: bool) -> None:
+        """``mine`` has its turn: it runs, and a stop still ends it where ``stoppable``.
+
+        Raises:
+            PuzzleInputError: it was stopped while it waited.
+        """
+        with self._solves_lock:  # a stop comes before this, and is refused, or after, and is kept
+            if mine.enough.is_set():
+                raise PuzzleInputError(STOPPED_WAITING)
+            mine.progress, mine.stoppable = {"solving": True, "waiting": False}, stoppable
+
+    def _fixed(self, offered: Offered, tokens: np.ndarray, ttc: TestTimeCompute, cancelled: Callable[[], bool],
+               mine: _Solve) -> Answer:
+        """The answer under the fixed compute ``ttc``.
+
+        Raises:
+            PuzzleInputError: stopped (``/api/stop``) before the answer was complete.
+            Cancelled: the client left, or the server stops.
+        """
+        try:
+            return answer(offered.trained, offered.task, [("puzzle", tokens)], ttc, self.device,
+                          lambda: cancelled() or mine.enough.is_set())[0]
+        except Cancelled:
+            if cancelled():
+                raise
+            raise PuzzleInputError("stopped before the answer was complete: fixed compute keeps no answer so far (a "
+                                   "time budget keeps its best one)") from None
+
+    def _anytime(self, offered: Offered, tokens: np.ndarray, budget: float, ttc: TestTimeCompute, search: Search,
+                 cancelled: Callable[[], bool], mine: _Solve) -> tuple[Answer, dict[str, Any]]:
+        """Solve under ``budget`` seconds (utils/eval/anytime.py) with ``search``, reporting ``mine``'s progress
+        after every round; the answer kept and what was spent.
 
         Raises:
             PuzzleInputError: stopped (``/api/stop``) before the model's own answer was in.
             Cancelled: the client left, or the server stops.
         """
-        self.enough.clear()
-        self.progress = {"solving": True, "budget": budget, "seconds": 0.0, "rounds": 0, "passes": 0,
-                         "consistent": False}
+        mine.progress = {"solving": True, "waiting": False, "budget": budget, "seconds": 0.0, "rounds": 0,
+                         "passes": 0, "consistent": False}
 
         def progressed(spent: Spent, best: Answer) -> None:
-            self.progress = {**self.progress, **dataclasses.asdict(spent), "consistent": best.consistent}
+            mine.progress = {**mine.progress, **dataclasses.asdict(spent), "consistent": best.consistent}
 
-        try:
-            solved = solve_anytime(offered.trained, offered.task, "puzzle", tokens, budget, ttc, self.device,
-                                   enough=self.enough.is_set, cancel=cancelled, progress=progressed)
-        finally:
-            self.progress = {"solving": False}
+        solved = solve_anytime(offered.trained, offered.task, "puzzle", tokens, budget, ttc, self.device,
+                               enough=mine.enough.is_set, cancel=cancelled, progress=progressed, search=search)
         if solved.ended == "unsolvable":
             raise PuzzleInputError(f"{UNSOLVABLE[offered.task]}; nothing was run")
         if solved.answer is None:
             raise PuzzleInputError("stopped before the model's own answer was in: nothing to show")
         return solved.answer, {**dataclasses.asdict(solved.spent), "ended": solved.ended,
                                "protocol": protocol(budget)}
-
-    def stop_anytime(self) -> bool:
-        """Ask the anytime solve under way to end with its best answer so far; whether one is under way."""
-        self.enough.set()
-        return bool(self.progress.get("solving"))
 
     @staticmethod
     def _puzzle(offered: Offered, puzzle: Any) -> np.ndarray:
@@ -329,21 +421,33 @@ class Solver:
                 "segments": result.segments}
 
 
-class _Turn:
-    """``with``: wait for the solver's one turn, giving up when ``cancelled()``; hold it (``busy``) until the end."""
+STOPPED_WAITING = "stopped while it waited for its turn (another solve was under way): nothing was run"
 
-    def __init__(self, solver: Solver, cancelled: Callable[[], bool], what: str):
-        self.solver, self.cancelled, self.what = solver, cancelled, what
+
+class _Turn:
+    """``with``: wait for the solver's one turn, giving up when ``cancelled()`` or when the solve ``mine`` is stopped;
+    hold it (``busy``) until the end. ``stoppable``: whether a stop still ends ``mine`` once it runs."""
+
+    def __init__(self, solver: Solver, mine: _Solve, cancelled: Callable[[], bool], what: str, stoppable: bool = True):
+        self.solver, self.mine, self.cancelled, self.what, self.stoppable = solver, mine, cancelled, what, stoppable
 
     def __enter__(self) -> None:
         while not self.solver.lock.acquire(timeout=TURN_POLL_S):
-            if self.cancelled():
-                raise Cancelled("cancelled while waiting for the solve before it")
-        if self.cancelled():
+            self._leave_if_asked()
+        try:
+            self._leave_if_asked()
+            self.solver._begin(self.mine, self.stoppable)
+        except BaseException:
             self.solver.lock.release()
-            raise Cancelled("cancelled while waiting for the solve before it")
+            raise
         self.solver.busy = True
         log.info("solving with %s", self.what)
+
+    def _leave_if_asked(self) -> None:
+        if self.cancelled():
+            raise Cancelled("cancelled while waiting for the solve before it")
+        if self.mine.enough.is_set():
+            raise PuzzleInputError(STOPPED_WAITING)
 
     def __exit__(self, *exc) -> None:
         self.solver.busy = False
@@ -372,7 +476,7 @@ def _page_budget(budget: Optional[float], task: str) -> Optional[float]:
     if not budget:
         return None
     if not (math.isfinite(budget) and 0 < budget <= MAX_PAGE_BUDGET_S):
-        raise PuzzleInputError(f"--budget={budget:g} is out of range: 0 (fixed compute) to {MAX_PAGE_BUDGET_S} "
+        raise PuzzleInputError(f"budget={as_given(budget)} is out of range: 0 (fixed compute) to {MAX_PAGE_BUDGET_S} "
                                "seconds a puzzle on this page")
     if task not in RULES:
         raise PuzzleInputError("a time budget checks answers against the puzzle's rules, which an ARC task does not "
@@ -385,7 +489,7 @@ def _setting(name: str, value: Any) -> Any:
     ``noise`` and ``budget`` numbers, the others whole numbers (JSON's 2.0 is 2); None: not given.
 
     Raises:
-        PuzzleInputError: a value of another kind, named as solve.py's flag.
+        PuzzleInputError: a value of another kind, named as the request's field.
     """
     if value is None:
         return None
@@ -397,7 +501,41 @@ def _setting(name: str, value: Any) -> Any:
     elif isinstance(value, float) and (name in FLOAT_FIELDS or value.is_integer()):
         return value if name in FLOAT_FIELDS else int(value)
     kind = "bool" if name in BOOL_FIELDS else ("float" if name in FLOAT_FIELDS else "int")
-    raise PuzzleInputError(f"--{name.replace('_', '-')}={value!r} is not a {kind}")
+    raise PuzzleInputError(f"{name}={value!r} is not a {kind}")
+
+
+def as_given(number: float) -> str:
+    """``number`` as it was written (301, 300.0001, 500 for solve.py's float 500.0), never rounded as ``:g`` rounds
+    (300.0001 as 300)."""
+    return repr(number).removesuffix(".0")
+
+
+def page_fields(message: str) -> str:
+    """``message`` with each of solve.py's test-time flags named as the page's field (``--min-segments``:
+    ``min_segments``)."""
+    return _FLAG.sub(lambda flag: flag[1].replace("-", "_"), message)
+
+
+@contextlib.contextmanager
+def _named_as_fields() -> Iterator[None]:
+    """``with``: a :class:`TestTimeComputeError` raised in the block (its message written for solve.py's flags)
+    names the request's fields instead (:func:`page_fields`)."""
+    try:
+        yield
+    except TestTimeComputeError as e:
+        raise TestTimeComputeError(page_fields(str(e))) from None
+
+
+def checked_solve_id(value: Any, name: str) -> str:
+    """``value`` when it is a solve's id (:data:`SOLVE_ID`).
+
+    Raises:
+        PuzzleInputError: anything else, naming the request's ``name`` for it.
+    """
+    if isinstance(value, str) and SOLVE_ID.fullmatch(value):
+        return value
+    raise PuzzleInputError(f"{name}={value!r} is not a solve's id: 8 to 64 of A-Z a-z 0-9 _ -, the random solve_id "
+                           "its /api/solve request sent")
 
 
 def parse_request(body: bytes) -> Any:
@@ -644,7 +782,11 @@ class Handler(BaseHTTPRequestHandler):
             solver = self.server.solver
             self._json(HTTPStatus.OK, {"models": [m.describe(solver.device, solver.args) for m in solver.models]})
         elif path == "/api/progress":
-            self._json(HTTPStatus.OK, self.server.solver.progress)
+            try:
+                solve_id = checked_solve_id(parse_qs(self.path.partition("?")[2]).get("solve", [None])[0], "solve")
+            except UserError as e:
+                return self._json(HTTPStatus.BAD_REQUEST, {"error": one_line(e)})
+            self._json(HTTPStatus.OK, self.server.solver.progress(solve_id))
         else:
             self._json(HTTPStatus.NOT_FOUND, {"error": f"no such page: {path}"})
 
@@ -677,8 +819,20 @@ class Handler(BaseHTTPRequestHandler):
         except UserError as e:
             return self._json(HTTPStatus.BAD_REQUEST, {"error": one_line(e)})
         if path == "/api/stop":
-            return self._json(HTTPStatus.OK, {"stopping": self.server.solver.stop_anytime()})
-        self._solve(request)
+            return self._stop(request)
+        with self.server.solving(peer(self.client_address)) as admitted:
+            if not admitted:
+                return self._json(HTTPStatus.TOO_MANY_REQUESTS,
+                                  {"error": f"this address has {PEER_SOLVES} solves running or waiting for their "
+                                            "turn: stop one, or wait for one to end"})
+            self._solve(request)
+
+    def _stop(self, request: Any) -> None:
+        try:
+            solve_id = checked_solve_id(request.get("solve") if isinstance(request, dict) else None, "solve")
+        except UserError as e:
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": one_line(e)})
+        self._json(HTTPStatus.OK, {"stopping": self.server.solver.stop(solve_id)})
 
     def _solve(self, request: Any) -> None:
         solver = self.server.solver
@@ -702,8 +856,8 @@ class Handler(BaseHTTPRequestHandler):
 class PageServer(ThreadingHTTPServer):
     """The bound server, its :class:`Solver` and :class:`Access`; ``url`` is the page's address. At most
     :data:`MAX_CONNECTIONS` connections are served at once (``open_connections``), at most :data:`PEER_CONNECTIONS`
-    of them from one address (:func:`peer`); a client that leaves early is logged at debug level, not as an
-    error."""
+    of them from one address (:func:`peer`), and at most :data:`PEER_SOLVES` solves from one address run or wait
+    (:meth:`solving`); a client that leaves early is logged at debug level, not as an error."""
 
     daemon_threads = True  # a stuck client never keeps the process alive; serve() waits for the solve itself
 
@@ -712,6 +866,7 @@ class PageServer(ThreadingHTTPServer):
         self.solver = solver
         self.open_connections = 0
         self._peers: dict[str, int] = {}  # open connections by peer
+        self._solving: dict[str, int] = {}  # solves running or waiting by peer
         self._count = threading.Lock()
         self._answering: set[threading.Thread] = set()  # handlers between a request and its answer
         self._answered = threading.Condition()
@@ -773,6 +928,23 @@ class PageServer(ThreadingHTTPServer):
                 del self._peers[who]
 
     @contextlib.contextmanager
+    def solving(self, who: str) -> Iterator[bool]:
+        """``with``: a solve from ``who`` runs or waits until the block ends; yields whether it may (False: ``who``
+        has :data:`PEER_SOLVES` already, and this one is not counted)."""
+        with self._count:
+            admitted = self._solving.get(who, 0) < PEER_SOLVES
+            if admitted:
+                self._solving[who] = self._solving.get(who, 0) + 1
+        try:
+            yield admitted
+        finally:
+            if admitted:
+                with self._count:
+                    self._solving[who] -= 1
+                    if not self._solving[who]:
+                        del self._solving[who]
+
+    @contextlib.contextmanager
     def answering(self) -> Iterator[None]:
         """``with``: the calling handler is answering a request (read whole or in part) until the block ends."""
         with self._answered:
@@ -824,9 +996,14 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     """The server, bound (port 0: a free one) and ready to ``serve_forever``; its models loaded.
 
     Raises:
-        UserError: a checkpoint that cannot be offered, test-time compute flags out of a model's range or over its
-            budget (the page's defaults, refused as solve.py refuses them), or an address that cannot be bound.
+        UserError: a ``--budget`` over the page's :data:`MAX_PAGE_BUDGET_S`, a checkpoint that cannot be offered,
+            test-time compute flags out of a model's range or over its budget (the page's defaults, refused as
+            solve.py refuses them), or an address that cannot be bound.
     """
+    budget = getattr(args, "budget", None)
+    if budget and budget > MAX_PAGE_BUDGET_S:  # it fills the page's field: every Solve would be refused
+        raise ConfigError(f"--budget {as_given(budget)} is more than the page's {MAX_PAGE_BUDGET_S} s a puzzle: give "
+                          f"--budget {MAX_PAGE_BUDGET_S} or less with --serve")
     solver = Solver(offered_models(args.checkpoint, device, dtype), args, device, dtype, out)
     for offered in solver.models:  # the flags as each model's defaults: refused now, not on the page's first call
         try:
@@ -839,8 +1016,9 @@ def make_server(args: argparse.Namespace, device: torch.device, dtype: torch.dty
         raise UserError(bind_advice(args.host, args.port, e)) from None
 
 
-def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, out: Path) -> int:
-    """``solve.py --serve``: serve the page until Ctrl-C (or SIGTERM).
+def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, out: Path, note: str = "") -> int:
+    """``solve.py --serve``: serve the page until Ctrl-C (or SIGTERM); ``note`` (the device and precision line) is
+    printed after the page's address, which stays the first line.
 
     Returns:
         0 when no solve was running, else 128 + the signal's number (130, 143): the solve was cancelled.
@@ -850,6 +1028,8 @@ def serve(args: argparse.Namespace, device: torch.device, dtype: torch.dtype, ou
         print(f"warning: {server.access.warning}", file=sys.stderr, flush=True)
     count = len(server.solver.models)
     print(f"the page: {server.url} ({count} model{'s' * (count != 1)}; Ctrl-C stops it)", flush=True)
+    if note:
+        print(note, flush=True)
     signum = signal.SIGINT
     try:
         with sigterm_as_ctrl_c():
