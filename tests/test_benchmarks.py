@@ -264,7 +264,7 @@ def test_cape_learning_table_gives_the_ratio_to_the_copy_support_baseline_and_wh
 def test_cape_learning_refuses_a_used_output_folder(tmp_path):
     (tmp_path / "old.txt").write_text("keep me")
     out = refused_in_a_fresh_interpreter("benchmark_cape_learning.py", "--output-dir", str(tmp_path))
-    assert out.returncode == 2 and f"--output-dir {tmp_path} is not empty" in out.stderr
+    assert out.returncode == 2 and f"--output-dir {tmp_path} is not an empty folder" in out.stderr
     assert out.stdout == "torch loaded: False\n"
     assert (tmp_path / "old.txt").read_text() == "keep me"
 
