@@ -395,9 +395,12 @@ def test_the_length_is_told_again_from_timed_steps_and_the_first_step_apart(monk
     assert lines[1] == "compiling the training step and running it took 60 s"
     assert lines[2] == ("measured: steps 2-102 took 13 ms each (median; 76.9 steps/s); the rest of the schedule (4116 "
                         "steps): about 54 s at this pace, evaluations not counted; the FLOP estimate said 16 s: these "
-                        "steps are bound by more than their FLOPs (for a small model on a GPU, kernel launches and "
-                        "host work)")
+                        "steps are bound by more than their FLOPs (on a CPU: other processes on its cores, or steps "
+                        "too small to keep its threads busy)")
     assert len(lines) == 3  # told once
+    # The reason names the device's own cause: it blamed kernel launches on a CPU shared with other processes.
+    assert estimate_mod.slower_than_flops(torch.device("cuda")) == ("for a small model on a GPU, kernel launches and "
+                                                                      "host work")
 
 
 @pytest.mark.parametrize("value,expected", [("train:12:SIGKILL", ("train", 12, signal.SIGKILL, False)),

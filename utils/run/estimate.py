@@ -117,6 +117,14 @@ def duration(seconds: float) -> str:
     return f"{seconds / 86400:.0f} days"
 
 
+def slower_than_flops(device: torch.device) -> str:
+    """What bounds a step beyond its FLOPs on ``device``'s kind: on a GPU a small model waits on kernel launches and
+    the host; on a CPU, other processes on its cores (or a step too small to keep its threads busy)."""
+    if device.type == "cpu":
+        return "on a CPU: other processes on its cores, or steps too small to keep its threads busy"
+    return "for a small model on a GPU, kernel launches and host work"
+
+
 class StepPace:
     """Times a run's steps and tells the rest of the schedule at the measured pace.
 
@@ -175,7 +183,7 @@ class StepPace:
         per_step = self.per_step
         bound = "" if per_step * rest < 2 * self.flop_seconds else (
             f"; the FLOP estimate said {duration(self.flop_seconds)}: these steps are bound by more than their FLOPs "
-            "(for a small model on a GPU, kernel launches and host work)")
+            f"({slower_than_flops(self.device)})")
         timed = f"step {step} took %.3g ms (" if n == 1 else f"steps {step - n + 1}-{step} took %.3g ms each (median; "
         self.report("measured: " + timed + "%.3g steps/s); the rest of the schedule (%d step%s): about %s at this pace, "
                     "evaluations not counted%s", 1e3 * per_step, 1 / per_step, rest, "" if rest == 1 else "s",
