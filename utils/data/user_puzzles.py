@@ -286,11 +286,26 @@ def count_puzzle_solutions(task: str, tokens: np.ndarray) -> int:
 
 def _shortest_paths(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> int:
     """The number of shortest 4-neighbour paths from ``start`` to ``goal`` over the True cells of ``walkable``,
-    counted up to 2, by breadth-first search (0: not connected)."""
+    counted up to 2 (0: not connected)."""
+    return _breadth_first(walkable, start, goal)[1]
+
+
+def _moves(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> int | None:
+    """The fewest 4-neighbour moves from ``start`` to ``goal`` over the True cells of ``walkable`` (bool [size, size]);
+    None when ``goal`` cannot be reached."""
+    return _breadth_first(walkable, start, goal)[0]
+
+
+def _breadth_first(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> tuple[int | None, int]:
+    """Breadth-first search from ``start`` over the True cells of ``walkable`` (bool [size, size]), 4-neighbour moves:
+    the fewest moves to ``goal`` (None when it cannot be reached) and the number of paths of that length, counted up
+    to 2 (0 when it cannot be reached). Stops once every cell at ``goal``'s distance has been counted into it."""
     size = len(walkable)
     distance, paths, queue = {start: 0}, {start: 1}, deque([start])
     while queue:
         r, c = queue.popleft()
+        if goal in distance and distance[r, c] >= distance[goal]:
+            break  # every path into goal comes from a cell one move closer, all counted by now
         for nr, nc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
             if not (0 <= nr < size and 0 <= nc < size and walkable[nr, nc]):
                 continue
@@ -300,28 +315,23 @@ def _shortest_paths(walkable: np.ndarray, start: tuple[int, int], goal: tuple[in
                 queue.append((nr, nc))
             if distance[nr, nc] == distance[r, c] + 1:
                 paths[nr, nc] = min(2, paths[nr, nc] + paths[r, c])
-    return paths.get(goal, 0)
+    return distance.get(goal), paths.get(goal, 0)
 
 
-def _moves(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> int | None:
-    """The fewest 4-neighbour moves from ``start`` to ``goal`` over the True cells of ``walkable`` (bool [size, size]),
-    by breadth-first search; None when ``goal`` cannot be reached."""
-    size = len(walkable)
-    distance, queue = {start: 0}, deque([start])
-    while queue:
-        r, c = queue.popleft()
-        if (r, c) == goal:
-            return distance[goal]
-        for nr, nc in ((r + 1, c), (r - 1, c), (r, c + 1), (r, c - 1)):
-            if 0 <= nr < size and 0 <= nc < size and walkable[nr, nc] and (nr, nc) not in distance:
-                distance[nr, nc] = distance[r, c] + 1
-                queue.append((nr, nc))
-    return None
+def puzzle_text(task: str, tokens: np.ndarray) -> str:
+    """A puzzle or an answer (tokens [S]) as plain text: a Sudoku as its 81 characters row by row (``.`` blank), a
+    maze as :func:`format_maze`'s rows."""
+    return "".join(_sudoku_digits(tokens)) if task == "sudoku" else format_maze(tokens)
+
+
+def _sudoku_digits(tokens: np.ndarray) -> list[str]:
+    """Each cell of a Sudoku (tokens [81]) as one character: its digit, or ``.`` for a blank (or padding)."""
+    return [str(t - 1) if 2 <= t <= 10 else "." for t in tokens.tolist()]
 
 
 def format_sudoku(tokens: np.ndarray) -> str:
     """A Sudoku (tokens [81]) as 9 text rows with box separators; blanks as ``.``."""
-    digits = [str(t - 1) if 2 <= t <= 10 else "." for t in tokens.tolist()]
+    digits = _sudoku_digits(tokens)
     rows = []
     for r in range(9):
         row = digits[r * 9:r * 9 + 9]

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 import torch
 
-from utils.data.user_puzzles import PuzzleInputError, format_maze, parse_maze, parse_sudoku
+from utils.data.user_puzzles import PuzzleInputError, parse_maze, parse_sudoku, puzzle_text
 from utils.device import select_device
 from utils.eval.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protocol, solve_anytime
 from utils.eval.load import Trained
@@ -60,12 +60,6 @@ class Solution:
     passes: int
     seconds: float
     segments: tuple[str, ...]
-
-
-def _text(task: str, tokens: np.ndarray) -> str:
-    if task == "sudoku":
-        return "".join(str(t - 1) if 2 <= t <= 10 else "." for t in tokens.tolist())
-    return format_maze(tokens)
 
 
 class Solver:
@@ -127,9 +121,9 @@ class Solver:
         found = solved.answer
         if found is None:
             return Solution(task, "", False, False, solved.ended, (UNSOLVABLE[task],), protocol(budget), 0, 0.0, ())
-        return Solution(task, _text(task, found.grid), found.consistent, bool(found.unique), solved.ended,
+        return Solution(task, puzzle_text(task, found.grid), found.consistent, bool(found.unique), solved.ended,
                         tuple(found.problems), protocol(budget), solved.spent.passes, solved.spent.seconds,
-                        tuple(_text(task, grid) for grid in found.segment_grids))
+                        tuple(puzzle_text(task, grid) for grid in found.segment_grids))
 
     def _model(self, task: str, seq_len: int) -> Trained:
         key = (task, seq_len)

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.user_puzzles import FileEntry, iter_puzzle_file
+from utils.data.user_puzzles import FileEntry, iter_puzzle_file, puzzle_text
 from utils.eval.answers_file import BAD_LINE, AnswersFile, read_rows, summary
 from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
 from utils.eval.solving import Answer, answer
@@ -33,11 +33,7 @@ BAD_LINES_SHOWN = 10  # bad lines the summary names
 
 def grid_text(task: str, tokens: np.ndarray) -> str:
     """A puzzle or answer as one CSV field: a Sudoku as 81 characters (``.`` blank), a maze's rows joined by ``|``."""
-    if task == "sudoku":
-        return "".join(str(t - 1) if 2 <= t <= 10 else "." for t in tokens.tolist())
-    from utils.data.user_puzzles import format_maze
-
-    return format_maze(tokens).replace("\n", "|")
+    return puzzle_text(task, tokens).replace("\n", "|")
 
 
 def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget: Optional[float], ttc, device,
