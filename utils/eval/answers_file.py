@@ -62,7 +62,7 @@ class AnswersFile:
             before = json.loads(self.settings_path.read_text())
         except (OSError, ValueError) as e:
             raise AnswersFileError(f"{self.settings_path} cannot be read ({e}); give another --out") from None
-        for key in sorted(set(before) | set(settings), key=lambda k: list(settings).index(k) if k in settings else 99):
+        for key in [*settings, *(k for k in before if k not in settings)]:  # this command's order, then the rest
             if before.get(key) != settings.get(key):
                 raise AnswersFileError(f"{self.path} holds answers made with {key}={before.get(key)!r}, and this "
                                        f"command has {key}={settings.get(key)!r}: run it with the same settings to "
