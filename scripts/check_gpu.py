@@ -333,7 +333,7 @@ def stop(signum: int, _frame) -> None:
 def build_data(work: Path) -> tuple[Path, Path]:
     """The tiny Sudoku and synthetic MP-100 datasets in ``work``; the builders' reports and progress bars are not
     shown (one line per check here)."""
-    from utils.data.sudoku import build_dataset  # here, not at the top: numba and the generators, not for --help
+    from utils.data.sudoku.build import build_dataset  # here, not at the top: numba and the generators, not for --help
     from utils.data.synthetic_cape import build as build_cape
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -51,7 +51,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = ArgumentParser(prog="measure_search.py", description=__doc__.split("\n\n")[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 3)[-1])
     parser.add_argument("--lists", default="named_hard", help=f"comma-separated, of {', '.join(LISTS)} "
-                                                               "(utils/data/outside_puzzles/; default: named_hard)")
+                                                               "(utils/data/sudoku/outside_puzzles/; default: named_hard)")
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, of {', '.join(METHODS)}")
     parser.add_argument("--trajectories", type=positive_int, default=32, metavar="K", help="per puzzle (default: 32)")
     parser.add_argument("--segments", type=positive_int, default=16, metavar="T", help="per trajectory (default: 16)")
@@ -81,7 +81,7 @@ def puzzles(lists: list[str], mazes: int) -> list[tuple[str, int, str, str, "np.
     import numpy as np
 
     from utils.data.maze import default_min_path_length, generate_maze
-    from utils.data.sudoku_outside import LISTS_DIR, read_list
+    from utils.data.sudoku.outside import LISTS_DIR, read_list
 
     found = []
     for name in lists:

@@ -56,7 +56,7 @@ FETCH_CONCEPT_ARC = ("git", "clone", "--depth", "1", CONCEPT_ARC_REPO, "data/raw
 HRM_PAPER = "Wang et al., Hierarchical Reasoning Model, arXiv 2506.21734, Figure 1"
 TRM_PAPER = "Jolicoeur-Martineau, Less is More: Recursive Reasoning with Tiny Networks, arXiv 2510.04871"
 # The data flags of each builder script, parsed by its own main() with the build swapped for a recorder.
-BUILDERS = {"scripts/build_sudoku_dataset.py": ("utils.data.sudoku", "build_dataset"),
+BUILDERS = {"scripts/build_sudoku_dataset.py": ("utils.data.sudoku.build", "build_dataset"),
             "scripts/build_maze_dataset.py": ("utils.data.maze", "build_maze_dataset"),
             "scripts/build_arc_dataset.py": ("scripts.build_arc_dataset", "build_arc_dataset")}
 

@@ -19,7 +19,7 @@ import torch
 
 from tests import signal_hook
 from tests.warm_trainer import WarmTrainer
-from utils.data.sudoku import build_dataset
+from utils.data.sudoku.build import build_dataset
 
 signal_hook.install()  # for the trainers the tests run in this process
 HOOK_PATH = Path(__file__).resolve().parent / "run_hook"  # its sitecustomize arms the hook in a started process

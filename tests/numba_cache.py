@@ -1,8 +1,8 @@
 """Fill numba's cache of the Sudoku searches once, before the tests need it.
 
-Numba compiles utils/data's searches (sudoku_jit, sudoku_tdoku, sudoku_grids: ``cache=True``) on their first call and
-keeps the machine code beside them in utils/data/__pycache__. On a fresh clone that cache is empty, so every process
-that calls a search before one of them has written it compiles it again: about 20 s of CPU for all of them, in each
+Numba compiles utils/data/sudoku's searches (jit, tdoku, grids: ``cache=True``) on their first call and keeps the
+machine code beside them in utils/data/sudoku/__pycache__. On a fresh clone that cache is empty, so every process that
+calls a search before one of them has written it compiles it again: about 20 s of CPU for all of them, in each
 worker and in each trainer a test starts. tests/conftest.py runs this module in the background as a session starts
 (``python -m tests.numba_cache``), while the pytest-xdist workers collect; later processes load the code in well
 under a second. Each call below is one the builders and raters make, with the argument types they pass.
@@ -10,7 +10,8 @@ under a second. Each call below is one the builders and raters make, with the ar
 
 import numpy as np
 
-from utils.data import sudoku_grids, sudoku_rating
+from utils.data.sudoku import grids as sudoku_grids
+from utils.data.sudoku import rating as sudoku_rating
 
 PUZZLE = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."  # the README's
 

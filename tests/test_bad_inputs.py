@@ -9,7 +9,7 @@ import pytest
 
 import evaluate
 import pretrain
-from utils.data.sudoku import main as build_sudoku_main
+from utils.data.sudoku.build import main as build_sudoku_main
 from utils.run.main import cli_main
 
 ROOT = Path(__file__).resolve().parent.parent

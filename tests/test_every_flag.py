@@ -270,7 +270,7 @@ KNOWN: dict[tuple[str, str, str], str] = {
                                                           "its parse_sudoku could move before open_model"
        for value in PATHS},
     ("scripts/build_outside_sudoku.py", "--lists", "a-folder"): "IsADirectoryError traceback from "
-                                                                "utils/data/sudoku_outside.py (outside this change)",
+                                                                "utils/data/sudoku/outside.py (outside this change)",
 }
 
 

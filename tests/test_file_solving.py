@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import solve
-from utils.data.sudoku_rating import search
+from utils.data.sudoku.rating import search
 from utils.data.user_puzzles import PuzzleInputError, iter_puzzle_file, parse_maze
 from utils.eval import file_solving
 from utils.eval.anytime import AnytimeAnswer, Spent
@@ -21,7 +21,7 @@ from utils.eval.answers_file import COLUMNS, read_rows
 from utils.eval.solving import Answer
 
 ROOT = Path(__file__).resolve().parents[1]
-TOP95 = [line.split()[0] for line in (ROOT / "utils/data/outside_puzzles/norvig_top95.txt").read_text().splitlines()
+TOP95 = [line.split()[0] for line in (ROOT / "utils/data/sudoku/outside_puzzles/norvig_top95.txt").read_text().splitlines()
          if line.strip() and not line.startswith("#")]
 CPU_FLAGS = ["--device", "cpu", "--forward-dtype", "float32"]
 

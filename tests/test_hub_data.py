@@ -25,7 +25,8 @@ from models import build_model, validate_arch
 from models.checkpoints import reference_state_dict
 from tests.hub_stand_in import HubStandIn, closed_endpoint, point_at
 from utils.config import recipe_config, to_dict
-from utils.data import maze, sudoku
+from utils.data import maze
+from utils.data.sudoku import build as sudoku
 from utils.data.builders import build_dataset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = [
     ["utils"],                                      # the floor: errors, device, config, outputs, distributed, hub
-    ["utils.data"],                                 # formats, builders, ratings, the outputs-file format
+    ["utils.data"],                                 # formats, builders, the outputs-file format; sudoku/
     ["models"],                                     # the arch registry, shared blocks, hrm/, trm/, cape/
     ["utils.run"],                                  # the run lifecycle, shared by both trainers (knows no model)
     ["utils.eval", "utils.viz"],                    # metrics, evaluators, test-time compute, solving; pictures
@@ -83,3 +83,14 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
     assert violations() == ["utils.data.x (layer 1, utils.data) imports utils.eval.load (layer 4, utils.eval)",
                             "utils.data.x (layer 1, utils.data) imports utils.eval.load.load_trained "
                             "(layer 4, utils.eval)"]
+
+
+# Each task family's data modules live in their own house inside utils.data (issue 64), not side by side at its top.
+HOUSES = {"sudoku": "utils/data/sudoku"}
+
+
+def test_each_data_family_lives_in_its_house():
+    top = [p.stem for p in (ROOT / "utils" / "data").glob("*.py")]
+    assert [name for name in top if any(name.startswith(prefix) for prefix in HOUSES)] == []
+    for house in set(HOUSES.values()):
+        assert (ROOT / house / "__init__.py").is_file() and room_of(module_name(ROOT / house / "x.py")) == "utils.data"

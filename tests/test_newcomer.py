@@ -19,7 +19,7 @@ def test_newcomer_the_expert_recipe_builds_its_dataset(tmp_path, monkeypatch):
     """device=cpu: cfg_pretrain_trm_cpu_expert's dataset_builder, as pretrain.py resolves it (it inherits
     cfg_pretrain_trm_cpu's), passes every check of the builder and reaches the generation, stopped there: a real
     expert build takes minutes."""
-    from utils.data import sudoku
+    from utils.data.sudoku import build as sudoku
 
     class Generating(Exception):
         """The builder got past its checks."""
@@ -107,7 +107,7 @@ print(json.dumps(found))
 
 
 def sudoku_builder(path: str) -> bool:
-    """A Sudoku build script: utils/data/sudoku.py loads its numba solver on import, --help included (its owners'
+    """A Sudoku build script: utils/data/sudoku/build.py loads its numba solver on import, --help included (its owners'
     to defer; issue 51's report names it)."""
     return path.startswith("scripts/build_") and "sudoku" in path
 

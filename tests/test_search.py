@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.act import LatentNoise
-from utils.data import sudoku_rating
+from utils.data.sudoku import rating as sudoku_rating
 from utils.data.user_puzzles import maze_problems, sudoku_problems
 from utils.eval.reasoning import TestTimeCompute, reason
 from utils.eval.search import VIEW_KINDS, Search, View, draw_view, run_trajectories, trajectory_views

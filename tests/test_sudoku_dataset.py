@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from utils.data import sudoku as builder
-from utils.data import sudoku_rating
+from utils.data.sudoku import build as builder
+from utils.data.sudoku import rating as sudoku_rating
 from utils.data.puzzle_dataset import ARRAY_FIELDS, IGNORE_LABEL_ID, DatasetError, PuzzleDataset
 
 REPO = Path(__file__).resolve().parents[1]
@@ -241,7 +241,7 @@ def test_rated_generation_keeps_the_bounds_and_stores_the_distribution(rated):
         assert all(2 <= r <= 12 for r in ratings)
         assert all(plain_count(q) == 1 and np.all((q == 0) | (q == a)) for q, a in zip(questions, answers))
         stored = json.loads((rated / split / "dataset.json").read_text())["ratings"]
-        assert stored == builder.rating_summary(np.array(ratings), "solver guesses (utils/data/sudoku_rating.rate)")
+        assert stored == builder.rating_summary(np.array(ratings), "solver guesses (utils/data/sudoku/rating.rate)")
         assert sum(stored["histogram"].values()) == len(questions) and stored["min"] >= 2
 
 

@@ -1,4 +1,4 @@
-"""Expert Sudoku generation (utils/data/sudoku_expert.py), with a small search so that it runs in seconds on cpu:
+"""Expert Sudoku generation (utils/data/sudoku/expert.py), with a small search so that it runs in seconds on cpu:
 unique solutions, the rating floor, the same puzzles for a seed on any number of workers, and whole solution grids
 kept out of a second set."""
 
@@ -7,10 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from utils.data import sudoku as builder
-from utils.data import sudoku_expert, sudoku_grids, sudoku_rating
+from utils.data.sudoku import build as builder
+from utils.data.sudoku import expert as sudoku_expert
+from utils.data.sudoku import grids as sudoku_grids
+from utils.data.sudoku import rating as sudoku_rating
 from utils.data.puzzle_dataset import DatasetError
-from utils.data.sudoku_expert import ExpertSearch, generate_expert
+from utils.data.sudoku.expert import ExpertSearch, generate_expert
 
 # Small trees and few moves: the real defaults (trees of 60, ratings near 60) take about a second a puzzle.
 SMALL = ExpertSearch(tree_target=4, per_grid=2, moves=4, patience=40, chains_per_task=3, give_up=12)

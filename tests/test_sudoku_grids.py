@@ -1,14 +1,14 @@
-"""Canonical forms of Sudoku grids and puzzles under the Sudoku symmetries (utils/data/sudoku_grids.py), on cpu."""
+"""Canonical forms of Sudoku grids and puzzles under the Sudoku symmetries (utils/data/sudoku/grids.py), on cpu."""
 
 import numpy as np
 import pytest
 
 from tests.test_sudoku_dataset import is_valid_solution
-from utils.data import sudoku as builder
-from utils.data import sudoku_grids
-from utils.data import sudoku_rating as solver
+from utils.data.sudoku import build as builder
+from utils.data.sudoku import grids as sudoku_grids
+from utils.data.sudoku import rating as solver
 
-# Peter Norvig's top95.txt, puzzles 74 and 76 (utils/data/outside_puzzles/norvig_top95.txt): one puzzle, its bands
+# Peter Norvig's top95.txt, puzzles 74 and 76 (utils/data/sudoku/outside_puzzles/norvig_top95.txt): one puzzle, its bands
 # in another order.
 TOP95_74 = ".2..........6....3.74.8.........3..2.8..4..1.6..5.........1.78.5....9..........4."
 TOP95_76 = "....1.78.5....9..........4..2..........6....3.74.8.........3..2.8..4..1.6..5....."

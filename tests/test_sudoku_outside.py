@@ -1,4 +1,4 @@
-"""The outside yardstick (utils/data/sudoku_outside.py, scripts/build_outside_sudoku.py), on cpu: built from the
+"""The outside yardstick (utils/data/sudoku/outside.py, scripts/build_outside_sudoku.py), on cpu: built from the
 shipped lists, its counts, sources, unique solutions and rules; bad list files are refused with one line."""
 
 import json
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tests.test_sudoku_dataset import is_valid_solution
-from utils.data import sudoku_outside
-from utils.data import sudoku_rating as solver
+from utils.data.sudoku import outside as sudoku_outside
+from utils.data.sudoku import rating as solver
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset
 
 NAMED = {"AI Escargot", "Arto Inkala's 2012 puzzle (\"world's hardest\")", "Arto Inkala's 2010 puzzle",

@@ -1,11 +1,11 @@
-"""The Sudoku solver and rating (utils/data/sudoku_rating.py) against a plain re-implementation with sets."""
+"""The Sudoku solver and rating (utils/data/sudoku/rating.py) against a plain re-implementation with sets."""
 
 import numpy as np
 import pytest
 
 from tests.test_sudoku_dataset import is_valid_solution, plain_count
-from utils.data import sudoku as builder
-from utils.data import sudoku_rating as solver
+from utils.data.sudoku import build as builder
+from utils.data.sudoku import rating as solver
 
 # The Wikipedia "Sudoku" article's example: naked and hidden singles solve it.
 WIKIPEDIA = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"

@@ -1,12 +1,12 @@
-"""The rating on tdoku's scale (utils/data/sudoku_tdoku.py, utils/data/sudoku_rating.py scale "tdoku"), on cpu:
+"""The rating on tdoku's scale (utils/data/sudoku/tdoku.py, utils/data/sudoku/rating.py scale "tdoku"), on cpu:
 against numbers printed by the compiled tdoku and against a plain-Python model of the same rules."""
 
 import numpy as np
 import pytest
 
 from tests.test_sudoku_dataset import is_valid_solution
-from utils.data import sudoku as builder
-from utils.data import sudoku_rating as solver
+from utils.data.sudoku import build as builder
+from utils.data.sudoku import rating as solver
 
 # Printed by tdoku itself: t-dillon/tdoku at commit af42618 (src/solver_dpll_triad_simd.cc), built with its own
 # CMakeLists.txt (target tdoku_static, -O3 -march=native) and called as SolveSudoku(puzzle, limit, 0, ...):

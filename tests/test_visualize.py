@@ -18,7 +18,7 @@ from PIL import Image
 from utils.data import maze
 from utils.data.arc import grid_to_tokens
 from utils.data.puzzle_dataset import IGNORE_LABEL_ID, PuzzleDatasetMetadata
-from utils.data.sudoku import build_dataset as build_sudoku
+from utils.data.sudoku.build import build_dataset as build_sudoku
 from utils.viz import puzzles as viz
 
 REPO = Path(__file__).resolve().parents[1]

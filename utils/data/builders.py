@@ -1,7 +1,7 @@
 """Building a recipe's dataset on first use: ``dataset_builder: {kind: sudoku|maze|arc, <builder options>}``.
 
 The options are the keyword arguments of the builder (its command-line flags without the dashes):
-:func:`utils.data.sudoku.build_dataset`, :func:`utils.data.maze.build_maze_dataset` or
+:func:`utils.data.sudoku.build.build_dataset`, :func:`utils.data.maze.build_maze_dataset` or
 :func:`utils.data.arc.build_arc_dataset`. ``kind`` defaults to ``sudoku``. A Sudoku or maze builder given neither
 ``source_dir`` nor ``generate`` downloads the published CSVs from the Hugging Face Hub (``repo``, ``revision``), so
 ``{kind: sudoku, subsample_size: 1000, num_aug: 1000}`` is Sudoku-Extreme 1k.
@@ -18,7 +18,7 @@ from typing import Any
 from utils.config import ConfigError
 
 BUILDERS = {
-    "sudoku": ("utils.data.sudoku", "build_dataset", "scripts/build_sudoku_dataset.py"),
+    "sudoku": ("utils.data.sudoku.build", "build_dataset", "scripts/build_sudoku_dataset.py"),
     "maze": ("utils.data.maze", "build_maze_dataset", "scripts/build_maze_dataset.py"),
     "arc": ("utils.data.arc", "build_arc_dataset", "scripts/build_arc_dataset.py"),
 }

@@ -13,7 +13,7 @@ On-disk layout (shared by every builder; ``sapientinc/HRM`` dataset/common.py an
 
 A group is one original puzzle and its augmentations; a puzzle is one identifier with one
 or more examples (input/label sequence pairs). The ratings file is ours (the reference loaders never
-open it): a builder that rates its puzzles (utils/data/sudoku.py) writes it, and evaluations then report
+open it): a builder that rates its puzzles (utils/data/sudoku/build.py) writes it, and evaluations then report
 exact accuracy per rating band as well as overall (utils/eval/puzzle.py).
 """
 
@@ -43,7 +43,7 @@ NO_BAND = np.iinfo(np.int64).min  # the band of a padding row, or of a puzzle wi
 def rating_bands(ratings) -> np.ndarray:
     """The band of each rating, named by its lowest rating: 0 and 1 are bands of their own, then powers of two
     (2-3, 4-7, 8-15, ...), and every negative rating falls in band -1 ("<0"); the bins of
-    utils/data/sudoku.py ``rating_summary``'s histogram.
+    utils/data/sudoku/build.py ``rating_summary``'s histogram.
 
     Args:
         ratings: int array of any shape.

@@ -2,7 +2,7 @@
 
 - **Sudoku**: 81 characters, row by row, ``1``-``9`` for givens and ``.`` or ``0`` for blanks (white space
   ignored); or a file of them: a Sudoku-Extreme CSV (its ``question`` column) or one puzzle per line. Tokens as
-  the Sudoku builder writes them (utils/data/sudoku.py): blank 1, digit d -> d + 1 (vocab 11).
+  the Sudoku builder writes them (utils/data/sudoku/build.py): blank 1, digit d -> d + 1 (vocab 11).
 - **Maze**: a text grid over ``#`` (wall), space (open), ``S`` and ``G``, one line per row, square; lines an editor
   shortened by stripping trailing spaces are padded with open cells. Tokens as the maze builder writes them
   (utils/data/maze.py, the reference's charset ``"# SGo"`` -> 1..5; ``o`` marks the path in an answer).
@@ -267,14 +267,14 @@ def maze_problems(answer: np.ndarray, maze: np.ndarray) -> list[str]:
 
 def count_puzzle_solutions(task: str, tokens: np.ndarray) -> int:
     """How many solutions a puzzle has, counted up to 2 (2: more than one): a Sudoku's (``tokens`` [81]) by the exact
-    search of utils/data/sudoku_rating.py, a maze's (``tokens`` [size²]) as its shortest S-to-G paths (the answer a
+    search of utils/data/sudoku/rating.py, a maze's (``tokens`` [size²]) as its shortest S-to-G paths (the answer a
     maze asks for, :func:`maze_problems`), 0 when S and G are not connected.
 
     Raises:
         ValueError: a ``task`` other than sudoku or maze.
     """
     if task == "sudoku":
-        from utils.data.sudoku_rating import count_solutions  # its compiled search loads only here
+        from utils.data.sudoku.rating import count_solutions  # its compiled search loads only here
 
         return count_solutions(np.where(tokens >= 2, tokens.astype(np.int64) - 1, 0), limit=2)
     if task != "maze":

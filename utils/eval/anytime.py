@@ -4,7 +4,7 @@ until its time budget is spent (``solve.py --budget``, the page's budget, ``eval
 Sudoku and mazes have rules an answer can be checked against (utils/data/user_puzzles.py); the model's own answer is
 often wrong on a hard puzzle, and more trajectories find a right one more often the more are run (docs/results.md,
 "Test-time search"). :func:`solve_anytime` first says what the puzzle is: a Sudoku with no solution (an exact search,
-utils/data/sudoku_rating.py) or a maze whose S and G are not connected ends at once, nothing spent; one with several
+utils/data/sudoku/rating.py) or a maze whose S and G are not connected ends at once, nothing spent; one with several
 solutions is solved, and its answer says it is not unique. Then it runs trajectories (utils/eval/search.py) in
 rounds:
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from models.act import Carry, InnerCarry, LatentNoise
-from utils.data.sudoku_symmetry import random_symmetry
+from utils.data.sudoku.symmetry import random_symmetry
 from utils.eval.reasoning import RULES, dihedral_order, run_segments, stacked_initial_carry
 
 VIEW_KINDS = ("symmetry", "dihedral", "none")

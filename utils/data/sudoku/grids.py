@@ -12,7 +12,7 @@ slow, so :func:`canonical_grids` fixes only what the order cannot settle by sort
 
 That is 23,328 candidates per grid, most dropped after comparing their row 1 with the best so far: about a
 millisecond a grid. Equivalent grids get the same form and different ones different forms (it is a minimum over
-the whole group), unlike the cheaper fingerprint of utils/data/sudoku.py (``grid_fingerprints``), which can
+the whole group), unlike the cheaper fingerprint of utils/data/sudoku/build.py (``grid_fingerprints``), which can
 collide. :func:`canonical_puzzles` does the same for a puzzle with its solution: among the maps that take the
 solution to its canonical grid, the smallest image of the puzzle; two unique puzzles are equivalent exactly when
 their forms are equal.

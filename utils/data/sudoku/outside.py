@@ -1,16 +1,16 @@
 """The outside yardstick: a Sudoku test split of published hard puzzles that this project did not write.
 
-The lists ship as plain text in utils/data/outside_puzzles/, each with a header that says where it comes from:
+The lists ship as plain text in utils/data/sudoku/outside_puzzles/, each with a header that says where it comes from:
 Peter Norvig's ``top95.txt`` and ``hardest.txt`` (norvig.com) and famous named puzzles (AI Escargot, Arto Inkala's
 2010 and 2012 puzzles, Easter Monster, Golden Nugget, Platinum Blonde, ...). A list file holds one puzzle per line,
 81 characters row by row (``1``-``9``, ``.`` or ``0`` for a blank), optionally followed by a name; ``#`` lines
 are comments, and those of a file are its recorded source.
 
 :func:`build_outside` checks every puzzle (its clues keep the rules and it has exactly one solution, by
-utils/data/sudoku_rating.py's solver), drops the puzzles that repeat one before them, in this list or an earlier
-one, identically or up to the Sudoku symmetries (by canonical forms, utils/data/sudoku_grids.py), rates the rest
-on both scales (utils/data/sudoku_rating.py ``RATING_SCALES``) and writes a test split in the format of the other
-Sudoku builders (utils/data/sudoku.py's writer; tokens blank 1, digit d -> d + 1). Evaluations read only the test
+utils/data/sudoku/rating.py's solver), drops the puzzles that repeat one before them, in this list or an earlier
+one, identically or up to the Sudoku symmetries (by canonical forms, utils/data/sudoku/grids.py), rates the rest
+on both scales (utils/data/sudoku/rating.py ``RATING_SCALES``) and writes a test split in the format of the other
+Sudoku builders (utils/data/sudoku/build.py's writer; tokens blank 1, digit d -> d + 1). Evaluations read only the test
 split (``evaluate.py --data-path``), so no training split is written. ``all__ratings.npy`` holds tdoku's ratings
 (Sudoku-Extreme's scale, the one puzzles from outside are usually rated on), and ``test/dataset.json`` records,
 under ``outside``, each list's source and counts, the duplicates dropped, and each puzzle with its list, line,
@@ -31,10 +31,11 @@ from pathlib import Path
 import numpy as np
 
 from utils.cli import ArgumentParser
-from utils.data import sudoku_grids, sudoku_rating
+from utils.data.sudoku import grids as sudoku_grids
+from utils.data.sudoku import rating as sudoku_rating
 from utils.data.common import add_to_metadata, check_output_dir, staged_dataset
 from utils.data.puzzle_dataset import RATINGS_FIELD, DatasetError
-from utils.data.sudoku import _write_split, rating_summary
+from utils.data.sudoku.build import _write_split, rating_summary
 from utils.data.user_puzzles import PuzzleInputError, parse_sudoku
 
 LISTS_DIR = Path(__file__).resolve().with_name("outside_puzzles")
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--output-dir", required=True, help="dataset directory to create (test split only)")
     parser.add_argument("--lists", nargs="+", type=Path, default=list(DEFAULT_LISTS),
                         help="list files, one puzzle per line (81 characters, then an optional name; # comments "
-                             "give the source); default: the three in utils/data/outside_puzzles/")
+                             "give the source); default: the three in utils/data/sudoku/outside_puzzles/")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
     args = parser.parse_args(argv)
     return build_outside(args.output_dir, args.lists, args.overwrite)

@@ -2,7 +2,7 @@
 
 Sudoku-Extreme (HRM, Wang et al. 2025, arXiv 2506.21734) rates puzzles by the guesses of tdoku's solver
 (Tom Dillon's ``t-dillon/tdoku``, ``src/solver_dpll_triad_simd.cc``, ``num_guesses_``; BSD-2-Clause). Its
-propagation is much stronger than the naked and hidden singles of utils/data/sudoku_rating.py, so a puzzle that
+propagation is much stronger than the naked and hidden singles of utils/data/sudoku/rating.py, so a puzzle that
 rates 50 on our scale may need 2 guesses there. This module states tdoku's rules over plain int arrays (no SIMD,
 no code of tdoku's) and keeps its order of work, which decides the count: tests/test_sudoku_tdoku.py checks every
 count against numbers printed by the compiled tdoku and against a plain-Python model with lists.
@@ -28,7 +28,7 @@ configurations allow, the box the message came from last.
 (ties: the first), on its lowest digit with exactly 2 configurations left, else exactly 3, else the lowest with
 more; try that digit's lowest-numbered configuration, then rule it out. **Each branch point is one guess**,
 whichever alternative holds. :func:`search` returns the solutions found up to ``limit`` and the guesses made; the
-rating of utils/data/sudoku_rating.py's ``rate(..., scale="tdoku")`` is the guesses with ``limit=1``, the number
+rating of utils/data/sudoku/rating.py's ``rate(..., scale="tdoku")`` is the guesses with ``limit=1``, the number
 tdoku's ``SolveSudoku(puzzle, 1, ...)`` reports.
 
 Compiled on first use (about 15 s) and cached next to this file where that folder is writable.

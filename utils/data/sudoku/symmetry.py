@@ -1,5 +1,5 @@
 """Sudoku solution grids up to the Sudoku symmetries: the fingerprint by which both Sudoku generators
-(utils/data/sudoku.py, utils/data/sudoku_expert.py) keep test puzzles apart from training puzzles.
+(utils/data/sudoku/build.py, utils/data/sudoku/expert.py) keep test puzzles apart from training puzzles.
 
 Two solution grids related by a Sudoku symmetry (digit relabelling, row/column permutations, transpose) get the
 same fingerprint. For each pair of rows the map "digit in row i -> digit in row j at the same column" is a

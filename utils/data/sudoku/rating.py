@@ -1,8 +1,8 @@
 """The Sudoku solver: constraint propagation plus search, for counting solutions, filling grids and rating.
 
 Grids are 81 digits in row-major order, 0 = blank. One solver serves every use: uniqueness checks and
-random full grids in the builder (utils/data/sudoku.py), :func:`rate`, the difficulty rating, and the expert
-generator's local search (utils/data/sudoku_expert.py).
+random full grids in the builder (utils/data/sudoku/build.py), :func:`rate`, the difficulty rating, and the expert
+generator's local search (utils/data/sudoku/expert.py).
 
 Propagation applies two rules until neither places a digit: a *naked single* (a blank cell with one
 candidate gets it) and a *hidden single* (a digit with one possible cell in a row, column or box goes
@@ -11,7 +11,7 @@ with the fewest candidates and tries its digits in increasing order (or in a ran
 a grid). Candidates are 9-bit Python ints (bit d-1 = digit d), one mask per row, column and box of the
 digits already placed; a branch copies those 81 + 27 ints.
 
-:func:`search` runs the compiled form of that search (utils/data/sudoku_jit.py, numba); :func:`_search_python`
+:func:`search` runs the compiled form of that search (utils/data/sudoku/jit.py, numba); :func:`_search_python`
 states it as a Python recursion, runs the random fills (their digit order comes from numpy's generator), and is
 what the compiled search is checked against (tests/test_sudoku_rating.py: every count, guess count and solution).
 :func:`run_jobs` lets a job written as a generator ask for searches (the expert generator's chains).
@@ -19,7 +19,7 @@ what the compiled search is checked against (tests/test_sudoku_rating.py: every 
 The rating follows Sudoku-Extreme (Hugging Face ``sapientinc/sudoku-extreme``; HRM, Wang et al. 2025,
 arXiv 2506.21734, Sec. 3), which rates each puzzle by the backtracks a solver (tdoku) needs and keeps the
 ones that need search. Two scales (:data:`RATING_SCALES`): ``"singles"``, the guesses of the solver above, and
-``"tdoku"``, the guesses of tdoku's own search (utils/data/sudoku_tdoku.py: locked candidates and the band
+``"tdoku"``, the guesses of tdoku's own search (utils/data/sudoku/tdoku.py: locked candidates and the band
 configurations make its propagation much stronger), the scale of a Sudoku-Extreme CSV's ``rating`` column.
 
 Every public entry point that takes cells checks them once (:func:`_grid`, :func:`_grids`: 81 whole numbers 0..9,
@@ -34,11 +34,12 @@ from typing import Generator, Iterable, Sequence
 
 import numpy as np
 
-from utils.data import sudoku_jit, sudoku_tdoku
+from utils.data.sudoku import jit as sudoku_jit
+from utils.data.sudoku import tdoku as sudoku_tdoku
 
 # What each rating scale counts, as dataset.json records it.
-RATING_SCALES = {"singles": "solver guesses (utils/data/sudoku_rating.rate)",
-                 "tdoku": "tdoku guesses (utils/data/sudoku_rating.rate, scale tdoku: Sudoku-Extreme's scale)"}
+RATING_SCALES = {"singles": "solver guesses (utils/data/sudoku/rating.rate)",
+                 "tdoku": "tdoku guesses (utils/data/sudoku/rating.rate, scale tdoku: Sudoku-Extreme's scale)"}
 
 _FULL = sudoku_jit.FULL
 # The compiled search's tables as Python lists (indexing a list is faster than an array in this loop).
@@ -241,7 +242,7 @@ def search(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
         limit: stop after this many solutions (1: solve; 2: check uniqueness).
         exclude: (cell, digit): only solutions in which that cell holds another digit.
         rng: try a branch cell's digits in a random order drawn from it (increasing order when None).
-        scale: whose search, so whose guesses: "singles" (the one above) or "tdoku" (utils/data/sudoku_tdoku.py,
+        scale: whose search, so whose guesses: "singles" (the one above) or "tdoku" (utils/data/sudoku/tdoku.py,
             which takes neither ``exclude`` nor ``rng``). Both find the same solutions, maybe in another order.
     Returns:
         A :class:`SearchResult`; count 0 when the clues repeat a digit in a unit or have no solution.
@@ -257,7 +258,7 @@ def _search(grid: np.ndarray, limit: int, exclude: tuple[int, int] | None, rng: 
     """:func:`search` of a checked ``grid`` (int64 [81], :func:`_grid`)."""
     if scale != "singles":
         return _search_tdoku(grid, limit, exclude, rng, scale)
-    if rng is None:  # the compiled search (utils/data/sudoku_jit.py): the same results as the recursion below
+    if rng is None:  # the compiled search (utils/data/sudoku/jit.py): the same results as the recursion below
         ban = np.zeros(81, np.int64)
         if exclude is not None:
             ban[exclude[0]] = 1 << (exclude[1] - 1)
@@ -267,7 +268,7 @@ def _search(grid: np.ndarray, limit: int, exclude: tuple[int, int] | None, rng: 
 
 
 def _search_tdoku(grid: np.ndarray, limit: int, exclude, rng, scale: str) -> SearchResult:
-    """:func:`search` of a checked ``grid`` with tdoku's search (utils/data/sudoku_tdoku.py), which assumes clues
+    """:func:`search` of a checked ``grid`` with tdoku's search (utils/data/sudoku/tdoku.py), which assumes clues
     that do not clash."""
     _check_scale(scale)
     if exclude is not None or rng is not None:
@@ -280,7 +281,7 @@ def _search_tdoku(grid: np.ndarray, limit: int, exclude, rng, scale: str) -> Sea
 
 def _search_python(cells, limit: int = 1, exclude: tuple[int, int] | None = None,
                    rng: np.random.Generator | None = None) -> SearchResult:
-    """:func:`search` as a Python recursion: the statement of the solver that utils/data/sudoku_jit.py compiles,
+    """:func:`search` as a Python recursion: the statement of the solver that utils/data/sudoku/jit.py compiles,
     and the only one that can draw a branch's digit order from numpy's ``rng``."""
     start = _start(np.asarray(cells).reshape(81).tolist())
     result = SearchResult(0, None, 0)
@@ -362,7 +363,7 @@ def rate(cells, scale: str = "singles") -> int:
     of Sudoku-Extreme's backtrack count (HRM, arXiv 2506.21734), which keeps puzzles that need search.
 
     With ``scale="tdoku"``, the branch points of tdoku's search before its first solution
-    (utils/data/sudoku_tdoku.py), the number tdoku's ``SolveSudoku(puzzle, 1, ...)`` reports: Sudoku-Extreme's scale.
+    (utils/data/sudoku/tdoku.py), the number tdoku's ``SolveSudoku(puzzle, 1, ...)`` reports: Sudoku-Extreme's scale.
 
     Args:
         cells: 81 digits (any int sequence or array), 0 = blank, row-major; meant for a unique puzzle.
@@ -406,7 +407,7 @@ def run_jobs(jobs: Iterable[Generator]) -> list:
     A job is a generator. It yields a :class:`Query` and is sent back :func:`search`'s :class:`SearchResult`
     (count, guesses, first and last solution as lists of 81 digits); or it yields a list of queries and sub-jobs
     (generators of the same kind) and is sent back the list of their results and return values. This lets the
-    expert generator write a chain's steps as plain code (utils/data/sudoku_expert.py).
+    expert generator write a chain's steps as plain code (utils/data/sudoku/expert.py).
 
     Raises:
         ValueError: a query's cells are not 81 whole numbers 0..9 (:func:`_grid`), or as :func:`search`.

@@ -1,7 +1,7 @@
 """Expert Sudoku puzzles: a local search over clue moves that keeps the puzzles whose search trees are large.
 
-Random minimal puzzles (utils/data/sudoku.py ``generate_puzzle``) are mostly easy: half of them rate <= 1 on
-:func:`utils.data.sudoku_rating.rate`'s scale and about 1 in 700 rates 50 or more. Hard puzzles cluster, though:
+Random minimal puzzles (utils/data/sudoku/build.py ``generate_puzzle``) are mostly easy: half of them rate <= 1 on
+:func:`utils.data.sudoku.rating.rate`'s scale and about 1 in 700 rates 50 or more. Hard puzzles cluster, though:
 a puzzle a clue move away from a hard one is often hard too, which is how the community's hardest lists were grown
 and how tdoku's generator works (``t-dillon/tdoku`` src/generate.cc: drop clues, re-complete, minimize, keep the
 hardest in a pool). Here each *chain* keeps one solution grid and climbs:
@@ -10,27 +10,27 @@ hardest in a pool). Here each *chain* keeps one solution grid and climbs:
 2. take the chain's hardest puzzle so far, drop one clue, add clues of the grid until the solution is unique again
    (each added clue rules out a second solution that the search found), and remove clues in random order while
    the solution stays unique (a minimal puzzle again); ``ExpertSearch.moves`` such neighbours at a time;
-3. score a neighbour by its *search tree*: the guesses :func:`~utils.data.sudoku_rating.search` makes to prove the
+3. score a neighbour by its *search tree*: the guesses :func:`~utils.data.sudoku.rating.search` makes to prove the
    solution unique (limit 2), ties broken by the blanks that naked and hidden singles leave. The tree does not
    depend on how the digits are labelled (the search visits every branch), so the chain never selects a lucky
-   labelling; the rating (:func:`~utils.data.sudoku_rating.rate`, the guesses before the first solution, about
+   labelling; the rating (:func:`~utils.data.sudoku.rating.rate`, the guesses before the first solution, about
    half the tree on average) is measured only on the candidates;
 4. a neighbour whose tree has at least ``max(tree_target, 2 * min_rating)`` guesses and whose rating is at least
    ``min_rating`` is kept; the chain stops after ``per_grid`` kept puzzles, or after ``patience`` neighbours
    without one (:class:`ExpertSearch`).
 
 With ``ExpertSearch.rating_scale = "tdoku"`` (:data:`TDOKU_SEARCH`) the trees, the ratings and the floor are
-tdoku's guesses (utils/data/sudoku_tdoku.py, Sudoku-Extreme's scale), ties are broken by the band configurations
+tdoku's guesses (utils/data/sudoku/tdoku.py, Sudoku-Extreme's scale), ties are broken by the band configurations
 tdoku's propagation leaves open, and moves drop up to two clues. tdoku's tree depends on the labelling (it
 branches on the lowest digit among equals), so a chain may favour an unlucky one; tdoku's own generator averages
 over random relabellings instead. The bias is small: held-out puzzles keep most of their rating under random
 relabellings and shuffles (docs/data.md).
 
-Each chain is a generator whose searches :func:`~utils.data.sudoku_rating.run_jobs` answers with the compiled
-search (utils/data/sudoku_jit.py). Chain k of a stream draws only from the RNG seeded
+Each chain is a generator whose searches :func:`~utils.data.sudoku.rating.run_jobs` answers with the compiled
+search (utils/data/sudoku/jit.py). Chain k of a stream draws only from the RNG seeded
 ``[seed, stream, k, 44]``, so the puzzles do not depend on the number of worker processes. The puzzles of one
 chain share its solution grid, and :func:`generate_expert` keeps or skips a chain's puzzles together by that grid's
-symmetry-invariant fingerprint (:func:`utils.data.sudoku_symmetry.grid_fingerprints`): training and test sets
+symmetry-invariant fingerprint (:func:`utils.data.sudoku.symmetry.grid_fingerprints`): training and test sets
 generated with the fingerprints of one passed to the other never hold puzzles of the same or of equivalent grids, so
 no test puzzle is equivalent to a training puzzle (equivalent puzzles have equivalent solutions).
 """
@@ -45,13 +45,13 @@ from typing import Generator
 import numpy as np
 from tqdm import tqdm
 
-from utils.data import sudoku_rating
+from utils.data.sudoku import rating as sudoku_rating
 from utils.data.common import worker_pool
 from utils.data.puzzle_dataset import DatasetError
-from utils.data.sudoku_symmetry import grid_fingerprints
-from utils.data.sudoku_rating import Query, SearchResult
+from utils.data.sudoku.symmetry import grid_fingerprints
+from utils.data.sudoku.rating import Query, SearchResult
 
-MIN_RATING = 20   # the default floor on utils/data/sudoku_rating.rate
+MIN_RATING = 20   # the default floor on utils/data/sudoku/rating.rate
 MIN_RATINGS = {"singles": MIN_RATING, "tdoku": 10}  # the default floor on each rating scale
 _REACH = {"singles": "20-300", "tdoku": "5-40"}  # what the chains reach on each scale, for messages
 _STREAM_TAG = 44  # keeps these RNG streams apart from generate_puzzle's [seed, stream, index]
@@ -70,7 +70,7 @@ class ExpertSearch:
         chains_per_task: chains a worker process runs in one task (the unit of work handed to a worker).
         give_up: chains in a row without a puzzle after which generation stops with an error.
         rating_scale: whose guesses the trees, the ratings and ``min_rating`` count
-            (utils/data/sudoku_rating.RATING_SCALES): "singles" or "tdoku".
+            (utils/data/sudoku/rating.RATING_SCALES): "singles" or "tdoku".
         max_drop: a move drops 1 to this many clues (drawn uniformly); more than 1 lets a chain leave a local
             maximum, which tdoku's scale needs.
     """
@@ -187,11 +187,11 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
     skipping every chain whose solution grid's fingerprint is in ``exclude`` or was taken before; so the result
     depends on ``seed``, ``stream``, ``min_rating`` and ``search``, not on ``workers``, and a smaller ``count`` gives
     the first puzzles of a larger one. The signature and return value follow
-    :func:`utils.data.sudoku.generate_distinct`, so :func:`utils.data.common.generate_train_test` can drive it.
+    :func:`utils.data.sudoku.build.generate_distinct`, so :func:`utils.data.common.generate_train_test` can drive it.
 
     Args:
         count: puzzles to return, >= 1.
-        min_rating: the floor on :func:`utils.data.sudoku_rating.rate` on ``search.rating_scale``, >= 0.
+        min_rating: the floor on :func:`utils.data.sudoku.rating.rate` on ``search.rating_scale``, >= 0.
         workers: processes, >= 1.
         exclude: grid fingerprints whose puzzles are not wanted (e.g. the training set's, for a test set).
         search: how the chains search.

@@ -7,9 +7,9 @@ Three sources:
   * ``--source-dir DIR``: a local copy of those CSVs (the same CSVs give byte-identical arrays);
   * ``--generate``: offline generation of unique-solution puzzles: a random full grid, then
     clues removed in random order while the solution stays unique (a minimal puzzle), kept when its
-    blanks and its rating (utils/data/sudoku_rating.py: the solver's guesses, 0 = naked and hidden
+    blanks and its rating (utils/data/sudoku/rating.py: the solver's guesses, 0 = naked and hidden
     singles solve it) are within the bounds asked for; with ``--expert``, minimal puzzles found by a local
-    search over clue moves (utils/data/sudoku_expert.py), rated at least ``--min-rating`` (default 20).
+    search over clue moves (utils/data/sudoku/expert.py), rated at least ``--min-rating`` (default 20).
 
 Each test split also gets ``all__ratings.npy``, one rating per puzzle (utils/data/puzzle_dataset.py), from which
 evaluations report exact accuracy per rating band.
@@ -40,10 +40,10 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data import common
-from utils.data import sudoku_expert
-from utils.data import sudoku_grids
-from utils.data import sudoku_rating
-from utils.data.sudoku_symmetry import grid_fingerprints
+from utils.data.sudoku import expert as sudoku_expert
+from utils.data.sudoku import grids as sudoku_grids
+from utils.data.sudoku import rating as sudoku_rating
+from utils.data.sudoku.symmetry import grid_fingerprints
 from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
                                csv_source, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import RATINGS_FIELD, DatasetError, band_name, rating_bands
@@ -55,7 +55,7 @@ VOCAB_SIZE = 11  # pad, blank, digits 1..9
 CSV_HEADER = ["source", "question", "answer", "rating"]
 MAX_BLANKS = 81 - 17  # no 9x9 Sudoku with fewer than 17 clues has a unique solution
 MAX_ATTEMPTS = 200  # full grids tried per puzzle before giving up on the blank and rating bounds
-# The highest --min-rating the expert generator takes (on its default scale, utils/data/sudoku_rating.rate): its
+# The highest --min-rating the expert generator takes (on its default scale, utils/data/sudoku/rating.rate): its
 # hardest puzzles rate about 500 (docs/data.md), and a floor out of its reach would end only after minutes of
 # searching, in its "chains in a row found no puzzle" error.
 EXPERT_MAX_FLOOR = 1000
@@ -83,7 +83,7 @@ def generate_puzzle(rng: np.random.Generator, min_blanks: int, max_blanks: int |
     at ``max_blanks`` unless ``minimal``; otherwise every cell is tried once, which leaves a minimal puzzle
     (no clue can go: a clue whose removal once allowed a second solution still does with fewer clues), with
     53-60 blanks. The puzzle is kept when its blanks are in [min_blanks, max_blanks] and its
-    :func:`~utils.data.sudoku_rating.rate` is in [min_rating, max_rating]; else a new grid is drawn.
+    :func:`~utils.data.sudoku.rating.rate` is in [min_rating, max_rating]; else a new grid is drawn.
 
     Args:
         max_blanks: None: no upper bound (every puzzle is then minimal).
@@ -315,7 +315,7 @@ def rating_summary(ratings: np.ndarray, scale: str) -> dict:
 
     Args:
         ratings: int [N] one rating per original puzzle (augmentations are not rated).
-        scale: what the numbers count, e.g. "solver guesses (utils/data/sudoku_rating.rate)".
+        scale: what the numbers count, e.g. "solver guesses (utils/data/sudoku/rating.rate)".
     Returns:
         {"scale", "min", "median", "max", "histogram"}: the histogram maps "0", "1", "2-3", "4-7", ...
         (powers of two) to puzzle counts, empty bins left out; negative ratings fall in one "<0" bin.
@@ -416,9 +416,9 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
     (also for any ``workers``). Generated test grids are never equivalent (under the Sudoku
     symmetries) to a training grid, so no test puzzle is a training puzzle or an augmentation of one.
     Each split's ``dataset.json`` also holds its rating distribution (:func:`rating_summary`; generated
-    puzzles rated by :func:`utils.data.sudoku_rating.rate`, CSV rows by their ``rating`` column), which is
+    puzzles rated by :func:`utils.data.sudoku.rating.rate`, CSV rows by their ``rating`` column), which is
     printed at the end; an ``expert`` build's also records under ``grids`` its distinct solution grids and the
-    test grids equivalent to a training grid (0), by exact canonical forms (utils/data/sudoku_grids.py). A Hub
+    test grids equivalent to a training grid (0), by exact canonical forms (utils/data/sudoku/grids.py). A Hub
     build's ``dataset.json`` also records, under ``source``, the repo, the commit and each CSV's SHA-256 and rows;
     its other files are byte-identical to a ``source_dir`` build of the same CSVs.
 
@@ -431,10 +431,10 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
             blanks (``max_blanks`` None: as many as uniqueness allows, 53-60).
         minimal: ``generate`` only: remove every clue that uniqueness allows (the default without
             ``max_blanks``); ``min_blanks``/``max_blanks`` then only select among minimal puzzles.
-        expert: ``generate`` only: expert puzzles (utils/data/sudoku_expert.py), minimal and rated at least
+        expert: ``generate`` only: expert puzzles (utils/data/sudoku/expert.py), minimal and rated at least
             ``min_rating`` (default 20, ratings then have a median near 60); about a second of CPU each.
         rating_scale: ``expert`` only: "tdoku" climbs on, floors and records tdoku's guesses (Sudoku-Extreme's
-            scale; default floor 10) instead of "singles", this project's solver's (utils/data/sudoku_rating.py).
+            scale; default floor 10) instead of "singles", this project's solver's (utils/data/sudoku/rating.py).
         min_rating, max_rating: keep puzzles rated in this range (None: unbounded): generated ones by
             rejection, CSV rows by their ``rating`` column.
         min_difficulty: deprecated name of ``min_rating``.
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> Path:
                              "(the default without --max-blanks)")
     parser.add_argument("--expert", action="store_true",
                         help="--generate only: expert puzzles, minimal ones found by a local search over clue moves "
-                             "(utils/data/sudoku_expert.py), rated >= --min-rating (default 20) with a median near 60; "
+                             "(utils/data/sudoku/expert.py), rated >= --min-rating (default 20) with a median near 60; "
                              "about a second of CPU each")
     add_workers_argument(parser, "--generate only: worker processes")
     parser.add_argument("--rating-scale", choices=sorted(sudoku_rating.RATING_SCALES), default="singles",

@@ -1,11 +1,11 @@
-"""The Sudoku search of utils/data/sudoku_rating.py, compiled by numba: the same rules, about 100x faster.
+"""The Sudoku search of utils/data/sudoku/rating.py, compiled by numba: the same rules, about 100x faster.
 
-:func:`utils.data.sudoku_rating.search` is the readable statement of the solver (naked then hidden singles to a
+:func:`utils.data.sudoku.rating.search` is the readable statement of the solver (naked then hidden singles to a
 fixpoint, then a branch on the first blank cell with the fewest candidates, its digits in increasing order). The
 functions here run exactly that search on int arrays with an explicit stack, so every count, guess count and
 solution equals the Python recursion's (tests/test_sudoku_rating.py checks both against each other and against a
 plain re-implementation with sets). They are what the rating, the uniqueness checks and the expert generator
-(utils/data/sudoku_expert.py) call; only a random fill (``search(..., rng=...)``, whose digit order must come from
+(utils/data/sudoku/expert.py) call; only a random fill (``search(..., rng=...)``, whose digit order must come from
 numpy's generator) runs in Python.
 
 Compiled on first use (a few seconds) and cached next to this file where that folder is writable.
