@@ -35,8 +35,8 @@ from models.cape.checkpoint import load_trained, model_record
 from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
 from utils.cli import ArgumentParser
 from utils.config import ConfigError, check_number
-from utils.data.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
-                              collate_episodes, crop_to_original, load_mp100, load_split)
+from utils.data.cape.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
+                                   collate_episodes, crop_to_original, load_mp100, load_split)
 from utils.device import bf16_support, configure_backends
 from utils.distributed import Dist, any_rank, main_decides
 from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, evaluation_mask,

@@ -334,7 +334,7 @@ def build_data(work: Path) -> tuple[Path, Path]:
     """The tiny Sudoku and synthetic MP-100 datasets in ``work``; the builders' reports and progress bars are not
     shown (one line per check here)."""
     from utils.data.sudoku.build import build_dataset  # here, not at the top: numba and the generators, not for --help
-    from utils.data.synthetic_cape import build as build_cape
+    from utils.data.cape.synthetic import build as build_cape
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         build_dataset(work / "sudoku", generate=True, train_size=64, test_size=16, min_blanks=30, num_aug=1, seed=0)

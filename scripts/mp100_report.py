@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
 
 from utils.cli import ArgumentParser  # noqa: E402
-from utils.data.mp100 import MISSING_IMAGES, SUBSETS, annotation_path, format_report, load_split  # noqa: E402
+from utils.data.cape.mp100 import MISSING_IMAGES, SUBSETS, annotation_path, format_report, load_split  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from PIL import Image
 
     import models.cape.predict as predict
-    from utils.data.mp100 import Instance
+    from utils.data.cape.mp100 import Instance
 
 FORMAT = """support keypoints file (--support-keypoints), JSON, one entry per --support image in the same order:
   {"supports": [{"keypoints": [[x, y], ...],   N points in that image's pixels (x right, y down, from the
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     import models.cape.predict as predict
     from models.cape.checkpoint import load_trained
-    from utils.data.mp100 import Category, skeleton_adjacency
+    from utils.data.cape.mp100 import Category, skeleton_adjacency
     from utils.device import select_device
 
     out = Path(args.out)

@@ -115,9 +115,9 @@ def sudoku_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cape_data(tmp_path_factory):
-    """A small synthetic MP-100 (utils/data/synthetic_cape.py: 10 categories of 20 instances, 64 px, seed 0), built
+    """A small synthetic MP-100 (utils/data/cape/synthetic.py: 10 categories of 20 instances, 64 px, seed 0), built
     once a session (about 1.5 s of CPU). Read it only: a test that changes a dataset copies it first."""
-    from utils.data.synthetic_cape import build
+    from utils.data.cape.synthetic import build
 
     return build(tmp_path_factory.mktemp("cape") / "synthetic_cape", num_categories=10, instances_per_category=20,
                  image_size=64, seed=0)

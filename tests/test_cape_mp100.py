@@ -1,4 +1,4 @@
-"""MP-100 loader (utils/data/mp100.py): the official files' oddities, the reference's instance rules,
+"""MP-100 loader (utils/data/cape/mp100.py): the official files' oddities, the reference's instance rules,
 error messages, crops, augmentation, the training sampler and batching, and the report script."""
 
 import json
@@ -9,9 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
-from utils.data.mp100 import (IMAGENET_MEAN, IMAGENET_STD, Augmentation, Episode, EpisodeDataset, EpisodeSampler,
-                              Instance, MP100FormatError, annotation_path, apply_affine, category_report, clean_bbox,
-                              collate_episodes, crop_to_original, format_report, load_instance, load_mp100, load_split)
+from utils.data.cape.mp100 import (IMAGENET_MEAN, IMAGENET_STD, Augmentation, Episode, EpisodeDataset, EpisodeSampler,
+                                   Instance, MP100FormatError, annotation_path, apply_affine, category_report,
+                                   clean_bbox, collate_episodes, crop_to_original, format_report, load_instance,
+                                   load_mp100, load_split)
 
 # Three categories, one per subset: 3, 4 and 5 keypoints.
 CATS = {"train": (1, "cat_a", 3), "val": (2, "cat_b", 4), "test": (3, "cat_c", 5)}

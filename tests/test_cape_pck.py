@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data.mp100 import crop_to_original
+from utils.data.cape.mp100 import crop_to_original
 from utils.eval.pck import PCKError, batch_pck, copy_support_baseline, evaluation_mask, keypoint_pck
 
 

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from tests.test_cape_pck import mmpose_pck
-from utils.data.mp100 import EpisodeDataset, MP100FormatError, annotation_path, collate_episodes, load_split
+from utils.data.cape.mp100 import EpisodeDataset, MP100FormatError, annotation_path, collate_episodes, load_split
 from utils.eval.pck import EpisodeEvaluator, PCKError, protocol_episodes
 
 # (id, keypoints, names given, skeleton as stored); deliberately not in id order: the protocol uses file order

@@ -14,7 +14,7 @@ import models.train_cape_episodic as trainer
 from models.cape import build_model
 from tests.conftest import child_env, signal_at
 from tests.test_cape_protocol import recompute_from_file, reference_episodes, write_protocol_fixture
-from utils.data.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
+from utils.data.cape.mp100 import Augmentation, EpisodeDataset, EpisodeSampler, collate_episodes, load_mp100
 from utils.distributed import Dist
 from utils.checkpoint import safe_load
 from utils.run import guard as guard_mod

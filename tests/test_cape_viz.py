@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from utils.data.mp100 import IMAGENET_MEAN, IMAGENET_STD
+from utils.data.cape.mp100 import IMAGENET_MEAN, IMAGENET_STD
 from utils.viz.pose import (BACKGROUND, SAMPLE, Marks, denormalise, keypoint_colours, pose_grid, prediction_picture,
                             tile_origin)
 

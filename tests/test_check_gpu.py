@@ -13,7 +13,7 @@ import pytest
 from tqdm import tqdm
 
 from scripts import check_gpu as script
-from utils.data import synthetic_cape
+from utils.data.cape import synthetic as synthetic_cape
 from utils.data.sudoku import build as sudoku_data
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ from tests.test_cape_train import TINY_FLAGS
 from tests.test_optimizer import BETAS, TOL, WD, make_params, set_grads
 from tests.test_pretrain_trm import TINY_TRM
 from tests.test_resume import TINY
-from utils.data.synthetic_cape import build
+from utils.data.cape.synthetic import build
 from utils.optimizer_utils import AdamATan2
 from utils.checkpoint import safe_load
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = [
     ["utils"],                                      # the floor: errors, device, config, outputs, distributed, hub
-    ["utils.data"],                                 # formats, builders, the outputs-file format; sudoku/
+    ["utils.data"],                                 # formats, builders, the outputs-file format; sudoku/, cape/
     ["models"],                                     # the arch registry, shared blocks, hrm/, trm/, cape/
     ["utils.run"],                                  # the run lifecycle, shared by both trainers (knows no model)
     ["utils.eval", "utils.viz"],                    # metrics, evaluators, test-time compute, solving; pictures
@@ -86,7 +86,7 @@ def test_the_check_sees_an_upward_import(tmp_path, monkeypatch):
 
 
 # Each task family's data modules live in their own house inside utils.data (issue 64), not side by side at its top.
-HOUSES = {"sudoku": "utils/data/sudoku"}
+HOUSES = {"sudoku": "utils/data/sudoku", "mp100": "utils/data/cape", "synthetic_cape": "utils/data/cape"}
 
 
 def test_each_data_family_lives_in_its_house():

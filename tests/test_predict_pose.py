@@ -14,9 +14,9 @@ from models.cape.checkpoint import model_record
 from models.cape.predict import predict_keypoints
 from scripts.predict_pose import main
 from tests.test_cape_train import one_thread  # noqa: F401  (autouse: one thread for tiny tensors)
-from utils.data.mp100 import (Episode, EpisodeDataset, collate_episodes, crop_to_original, load_mp100,
-                              skeleton_adjacency)
-from utils.data.synthetic_cape import build
+from utils.data.cape.mp100 import (Episode, EpisodeDataset, collate_episodes, crop_to_original, load_mp100,
+                                   skeleton_adjacency)
+from utils.data.cape.synthetic import build
 
 SIZE = 64
 

@@ -1,4 +1,4 @@
-"""The synthetic MP-100 stand-in (utils/data/synthetic_cape.py and its CLI): layout, splits, COCO fields, rendering."""
+"""The synthetic MP-100 stand-in (utils/data/cape/synthetic.py and its CLI): layout, splits, COCO fields, rendering."""
 
 import hashlib
 import json
@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from utils.data import synthetic_cape
-from utils.data.mp100 import annotation_path, load_mp100
+from utils.data.cape import synthetic as synthetic_cape
+from utils.data.cape.mp100 import annotation_path, load_mp100
 from utils.run.main import cli_main
-from utils.data.synthetic_cape import (KINDS, MAX_KEYPOINTS, MIN_KEYPOINTS, SyntheticCapeError, build, coco_keypoints,
+from utils.data.cape.synthetic import (KINDS, MAX_KEYPOINTS, MIN_KEYPOINTS, SyntheticCapeError, build, coco_keypoints,
                                        deform, keypoint_counts, main, make_category, render_instance, split_categories)
 
 REPO = Path(__file__).resolve().parents[1]

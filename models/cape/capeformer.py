@@ -35,7 +35,7 @@ sample (M = B * Q samples per batch), as in the reference where each sample is a
    2-layer MLP; a per-layer MLP predicts an offset in inverse-sigmoid space.
 
 Coordinates are normalised crop coordinates, (x, y) in [0, 1] (crop pixel = coordinate * image side), as in
-``utils/data/mp100.py``; feature cell j spans [j, j + 1) / w, its centre (j + 0.5) / w.
+``utils/data/cape/mp100.py``; feature cell j spans [j, j + 1) / w, its centre (j + 0.5) / w.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ def capeformer_loss(outputs: dict[str, torch.Tensor], batch: dict[str, torch.Ten
             ``initial`` ``[B, Q, N, 2]``, ``refined`` ``[L, B, Q, N, 2]``, ``support_mask`` ``[B, N]``).
         batch: ``query_keypoints`` ``[B, Q, N, 2]`` normalised, ``query_visible`` ``[B, Q, N]`` bool and
             ``query_image`` ``[B, Q, 3, S, S]`` (its side S sets the heatmap grid, S / 4), as
-            :func:`utils.data.mp100.collate_episodes` makes them.
+            :func:`utils.data.cape.mp100.collate_episodes` makes them.
         heatmap_sigma: the model's ``cfg.heatmap_sigma``. heatmap_weight: the heatmap term's weight.
 
     Returns:

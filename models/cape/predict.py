@@ -11,7 +11,7 @@ The support keypoints file (JSON), one entry per support image, in the order the
 
 Pixel coordinates are those of COCO and MP-100 (x right, y down, (0, 0) the top-left corner of the image as
 stored; EXIF orientation is not applied). Every support needs the same N. A crop is what the evaluation loader
-makes of an instance (``utils/data/mp100.py`` ``load_instance``): the box, cleaned as the reference cleans it,
+makes of an instance (``utils/data/cape/mp100.py`` ``load_instance``): the box, cleaned as the reference cleans it,
 squared and enlarged by 1.25, warped to the model's ``image_size``; queries are cropped around the whole image.
 A keypoint is predicted only when it is visible in every support (the model's rule, as in the protocol).
 """
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from utils.data.mp100 import Instance, clean_bbox, collate_episodes, crop_to_original, load_instance
+from utils.data.cape.mp100 import Instance, clean_bbox, collate_episodes, crop_to_original, load_instance
 from utils.errors import UserError
 
 SUPPORT_FIELDS = ("keypoints", "visible", "bbox")

@@ -6,7 +6,7 @@ Every rule below is the reference's, checked in its code; the sources are CapeFo
 ``models/datasets/datasets/mp100/``, are the same) and mmpose 0.28.1, which CapeFormer pins
 (``mmpose/core/evaluation/top_down_eval.py``: ``keypoint_pck_accuracy``, ``_calc_distances``, ``_distance_acc``).
 
-- Instances: the reference's filters and order, see ``utils/data/mp100.py``.
+- Instances: the reference's filters and order, see ``utils/data/cape/mp100.py``.
 - Episodes (``make_paired_samples``): ``random.seed(1)`` once, then for each category in file order and
   for each of its episodes ``random.sample(pool, K + 15)``, the first K drawn being the supports and the
   other 15 the queries. Test uses 200 episodes per category, validation 100 (the configs' ``num_episodes``).
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.data.mp100 import Episode, MP100FormatError, MP100Split
+from utils.data.cape.mp100 import Episode, MP100FormatError, MP100Split
 from utils.errors import UserError
 
 EVAL_SEED = 1
@@ -63,7 +63,7 @@ def protocol_episodes(split: MP100Split, shots: int, num_episodes: int | None = 
     """The reference's evaluation episodes, in its order (categories in file order, then episodes).
 
     Args:
-        split: the val or test file, loaded by ``utils.data.mp100.load_split``.
+        split: the val or test file, loaded by ``utils.data.cape.mp100.load_split``.
         shots: K supports per episode (1 or 5 in the papers).
         num_episodes: episodes per category in the random stream; default ``EVAL_EPISODES`` for the
             subset named in the file name (val 100, test 200).
@@ -233,7 +233,7 @@ class EpisodeEvaluator:
         return pck
 
     def update_batch(self, batch: dict[str, torch.Tensor], pred) -> None:
-        """Score a batch from ``utils.data.mp100.collate_episodes``; ``pred`` [B, Q, N_max, 2] original pixels."""
+        """Score a batch from ``utils.data.cape.mp100.collate_episodes``; ``pred`` [B, Q, N_max, 2] original pixels."""
         pred = pred.detach().cpu().double().numpy() if torch.is_tensor(pred) else np.asarray(pred, np.float64)
         for b, cid in enumerate(batch["category_id"].tolist()):
             self.add_episode(cid, batch["support_ann_id"][b].tolist(), batch["query_ann_id"][b].tolist(), pred[b])

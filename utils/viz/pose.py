@@ -14,7 +14,7 @@ its prediction on a query match by colour. The marks, explained by the legend un
   a query; each line takes the colour of its lower-numbered keypoint.
 
 Marker sizes, line widths and text scale with the tile side, so a picture reads the same at any size.
-Crops are ImageNet-normalised in the batch (``utils/data/mp100.py``) and are un-normalised for display. Both
+Crops are ImageNet-normalised in the batch (``utils/data/cape/mp100.py``) and are un-normalised for display. Both
 functions return an RGB PIL image (utils/run/metrics.MetricsWriter.log_images writes it as a PNG and to
 TensorBoard).
 """
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-from utils.data.mp100 import IMAGENET_MEAN, IMAGENET_STD
+from utils.data.cape.mp100 import IMAGENET_MEAN, IMAGENET_STD
 
 BACKGROUND = (40, 40, 40)
 TEXT = (230, 230, 230)
@@ -245,7 +245,7 @@ def pose_grid(batch: dict[str, torch.Tensor], prediction: torch.Tensor, max_epis
     K support crops, then the query crops captioned with their PCK; the legend below (see the module docstring).
 
     Args:
-        batch: :func:`utils.data.mp100.collate_episodes` tensors: ``support_image`` ``[B, K, 3, S, S]``,
+        batch: :func:`utils.data.cape.mp100.collate_episodes` tensors: ``support_image`` ``[B, K, 3, S, S]``,
             ``support_keypoints`` ``[B, K, N, 2]``, ``support_visible`` ``[B, K, N]``, ``query_image``,
             ``query_keypoints``, ``query_visible``, ``keypoint_mask`` ``[B, N]``, if present ``category_id``
             ``[B]`` and ``adjacency`` ``[B, N, N]`` bool (the skeleton; without it no lines are drawn).

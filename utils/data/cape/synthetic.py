@@ -2,7 +2,7 @@
 
     python scripts/build_synthetic_cape_dataset.py --output-dir data/synthetic_cape
 
-Layout written (the MP-100 one, so ``utils/data/mp100.py`` and the papers' PCK protocol apply unchanged)::
+Layout written (the MP-100 one, so ``utils/data/cape/mp100.py`` and the papers' PCK protocol apply unchanged)::
 
     <output-dir>/annotations/mp100_split{1..5}_{train,val,test}.json   COCO keypoint JSON
     <output-dir>/images/synthetic_<id>/<n>.png                         ``file_name`` is relative to images/
@@ -27,7 +27,7 @@ How hard (default build, 1 shot, MP-100 test episodes of all 5 splits, PCK@0.2):
 keypoints (in bbox-normalised coordinates) scores about 44; a similarity transform fitted with the true
 correspondences about 93, so most of the gap is recovering the pose and which point is which.
 
-Coordinates follow ``utils/data/mp100.py``: continuous pixels, pixel i covers [i, i + 1), so a
+Coordinates follow ``utils/data/cape/mp100.py``: continuous pixels, pixel i covers [i, i + 1), so a
 marker drawn around pixel centre (i, j) marks the keypoint (i + 0.5, j + 0.5).
 
 The JSON matches the real files: ``images`` (``id``, ``file_name``, ``width``, ``height``),
@@ -613,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(
         description="Build the synthetic CAPE dataset: procedural categories whose keypoints can only be told apart "
                     "by their place in the figure, in the MP-100 layout (annotations/mp100_split{1..5}_{train,val,"
-                    "test}.json and images/), readable by utils/data/mp100.py.",
+                    "test}.json and images/), readable by utils/data/cape/mp100.py.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--output-dir", default="data/synthetic_cape", help="new or empty folder (or an earlier build)")
     ap.add_argument("--num-categories", type=int, default=100, help="categories, at least 10 (MP-100 has 100)")

@@ -1,6 +1,6 @@
 """MP-100 (Xu et al., "Pose for Everything", arXiv 2207.10387): loading, category report, crops and episodes.
 
-On disk (the real dataset and ``utils/data/synthetic_cape.py`` share it)::
+On disk (the real dataset and ``utils/data/cape/synthetic.py`` share it)::
 
     <data_root>/annotations/mp100_split{1..5}_{train,val,test}.json   COCO keypoint JSON
     <data_root>/images/<file_name>                                    ``file_name`` as in the JSON
