@@ -105,3 +105,58 @@ def test_a_rating_scale_other_than_ours_needs_the_expert_generator(tmp_path):
         builder.build_dataset(tmp_path / "d", generate=True, expert=True, rating_scale="hodoku", train_size=2,
                               test_size=1)
     assert not (tmp_path / "d").exists()
+
+
+def test_a_stopped_generation_resumes_with_the_same_puzzles_and_runs_only_what_was_left(tmp_path, monkeypatch,
+                                                                                        capsys):
+    whole = generate_expert(8, seed=5, min_rating=FLOOR, search=SMALL)  # runs several tasks of 3 chains
+    ran = []
+    real_run = sudoku_expert._run_task
+
+    def run_then_stop(chains, **kwargs):
+        if len(ran) == 1:  # the second task: the stop comes while it runs
+            raise KeyboardInterrupt
+        ran.append(chains)
+        return real_run(chains, **kwargs)
+
+    monkeypatch.setattr(sudoku_expert, "_run_task", run_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        generate_expert(8, seed=5, min_rating=FLOOR, search=SMALL, resume_dir=tmp_path)
+    saved = list(tmp_path.glob("stream0-*/chains-*.npz"))
+    assert [p.name for p in saved] == [f"chains-{ran[0].start:08d}-{ran[0].stop:08d}.npz"]
+    assert not list(tmp_path.glob("**/*.partial.npz"))
+
+    ran.clear()
+    monkeypatch.setattr(sudoku_expert, "_run_task", lambda chains, **kw: ran.append(chains) or real_run(chains, **kw))
+    questions, answers, seen = generate_expert(8, seed=5, min_rating=FLOOR, search=SMALL, resume_dir=tmp_path)
+    assert np.array_equal(questions, whole[0]) and np.array_equal(answers, whole[1]) and seen == whole[2]
+    assert ran and saved[0].name not in {f"chains-{r.start:08d}-{r.stop:08d}.npz" for r in ran}
+    assert "resuming: 3 chains of stream 0" in capsys.readouterr().out  # and the CPU time counts the earlier run's
+    # Other settings never read these chains: a second floor gets a folder of its own.
+    generate_expert(1, seed=5, min_rating=FLOOR + 1, search=SMALL, resume_dir=tmp_path)
+    assert len(list(tmp_path.glob("stream0-*"))) == 2
+
+
+def test_one_puzzle_per_grid_gives_as_many_grids_as_puzzles_and_the_build_leaves_no_chains(tmp_path, monkeypatch):
+    monkeypatch.setitem(sudoku_expert.SEARCHES, "tdoku", SMALL_TDOKU)
+    out = builder.build_dataset(tmp_path / "d", generate=True, expert=True, rating_scale="tdoku", min_rating=FLOOR,
+                                train_size=4, test_size=2, seed=3, puzzles_per_grid=1)
+    meta = json.loads((out / "train" / "dataset.json").read_text())
+    assert meta["grids"]["train_distinct"] == 4 and meta["grids"]["test_distinct"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]  # the chains folder went with the build
+
+
+@pytest.mark.parametrize("kwargs, message", [({"puzzles_per_grid": 0}, r"--puzzles-per-grid must be in \[1, 64\]"),
+                                             ({"puzzles_per_grid": 65}, r"--puzzles-per-grid must be in \[1, 64\]"),
+                                             ({"puzzles_per_grid": 1, "expert": False}, "--generate --expert")])
+def test_puzzles_per_grid_is_checked_before_any_work(tmp_path, kwargs, message):
+    with pytest.raises(DatasetError, match=message):
+        builder.build_dataset(tmp_path / "d", generate=True, **{"expert": True, **kwargs}, train_size=2, test_size=1)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_file_where_the_chains_folder_goes_is_refused_and_kept(tmp_path):
+    (tmp_path / ".d.chains").write_text("mine")
+    with pytest.raises(DatasetError, match="is not a folder"):
+        builder.build_dataset(tmp_path / "d", generate=True, expert=True, train_size=2, test_size=1)
+    assert (tmp_path / ".d.chains").read_text() == "mine" and not (tmp_path / "d").exists()

@@ -31,7 +31,9 @@ import argparse
 import csv
 import itertools
 import json
+import dataclasses
 import os
+import shutil
 import warnings
 from functools import partial
 from pathlib import Path
@@ -368,19 +370,37 @@ def _check_bounds(min_blanks: int, max_blanks: int | None, min_rating: int | Non
     return min_rating
 
 
+MAX_PER_GRID = 64  # puzzles a chain keeps at most: a chain rarely finds more before its patience runs out
+
+
+def _check_per_grid(puzzles_per_grid: int | None, expert: bool) -> None:
+    """Raises DatasetError for ``puzzles_per_grid`` without ``expert`` or outside 1..:data:`MAX_PER_GRID`."""
+    if puzzles_per_grid is None:
+        return
+    if not expert:
+        raise DatasetError("--puzzles-per-grid sets how many puzzles an expert chain keeps: use it with "
+                           "--generate --expert")
+    if not 1 <= puzzles_per_grid <= MAX_PER_GRID:
+        raise DatasetError(f"--puzzles-per-grid must be in [1, {MAX_PER_GRID}], got {puzzles_per_grid}")
+
+
 def _source_puzzles(source_dir, generate: bool, train_size: int, test_size: int, min_blanks: int,
                     max_blanks: int | None, minimal: bool, min_rating: int | None, max_rating: int | None, seed: int,
-                    workers: int, expert: bool = False,
-                    rating_scale: str = "singles") -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
-                                                                 tuple[np.ndarray, np.ndarray, np.ndarray], str]:
+                    workers: int, expert: bool = False, rating_scale: str = "singles",
+                    puzzles_per_grid: int | None = None,
+                    resume_dir: Path | None = None) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray],
+                                                             tuple[np.ndarray, np.ndarray, np.ndarray], str]:
     """Training and test puzzles, generated or read from ``source_dir``'s CSVs: ``(train, test, scale)``, each
     split ``(questions, answers, ratings)`` (uint8 [N, 81], uint8 [N, 81], int64 [N]), and the name of the rating
     scale for ``dataset.json``."""
     if generate:
         if expert:  # whole solution grids go to one split: no test puzzle is equivalent to a training puzzle
             floor = sudoku_expert.MIN_RATINGS[rating_scale] if min_rating is None else min_rating
+            search = sudoku_expert.SEARCHES[rating_scale]
+            if puzzles_per_grid is not None:
+                search = dataclasses.replace(search, per_grid=puzzles_per_grid)
             make = partial(sudoku_expert.generate_expert, seed=seed, min_rating=floor, workers=workers,
-                           search=sudoku_expert.SEARCHES[rating_scale])
+                           search=search, resume_dir=resume_dir)
         else:
             make = partial(generate_distinct, seed=seed, min_blanks=min_blanks, max_blanks=max_blanks,
                                workers=workers, minimal=minimal, min_rating=min_rating or 0, max_rating=max_rating)
@@ -392,6 +412,19 @@ def _source_puzzles(source_dir, generate: bool, train_size: int, test_size: int,
     source_dir = Path(source_dir)
     return (read_sudoku_csv(source_dir / "train.csv", min_rating, max_rating),
             read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating), "rating column of the source CSV")
+
+
+def _resume_dir(output_dir: Path) -> Path:
+    """Where an expert build keeps its finished chains until the dataset is written (a hidden sibling of it).
+
+    Raises:
+        DatasetError: something other than a folder is there.
+    """
+    folder = output_dir.parent / f".{output_dir.name}.chains"
+    if folder.exists() and not folder.is_dir():
+        raise DatasetError(f"{folder} is not a folder: an expert build keeps its finished chains there to resume; "
+                           "move it away or choose another --output-dir")
+    return folder
 
 
 def _print_ratings(summaries: dict[str, dict]) -> None:
@@ -407,7 +440,8 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                   minimal: bool = False, min_rating: int | None = None, max_rating: int | None = None,
                   min_difficulty: int | None = None, subsample_size: int | None = None, num_aug: int = 0, seed: int = 0,
                   workers: int = 1, overwrite: bool = False, repo: str | None = None,
-                  revision: str | None = None, expert: bool = False, rating_scale: str = "singles") -> Path:
+                  revision: str | None = None, expert: bool = False, rating_scale: str = "singles",
+                  puzzles_per_grid: int | None = None) -> Path:
     """Build a Sudoku dataset at ``output_dir`` from Sudoku-Extreme CSVs (the Hugging Face Hub's, or a local copy) or
     by generation.
 
@@ -435,6 +469,10 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
             ``min_rating`` (default 20, ratings then have a median near 60); about a second of CPU each.
         rating_scale: ``expert`` only: "tdoku" climbs on, floors and records tdoku's guesses (Sudoku-Extreme's
             scale; default floor 10) instead of "singles", this project's solver's (utils/data/sudoku/rating.py).
+        puzzles_per_grid: ``expert`` only: puzzles kept per solution grid (None: the search's 8); 1 gives as many
+            distinct grids as puzzles. An expert build is resumable: its finished chains are kept in the hidden
+            sibling folder ``.<output_dir name>.chains`` until the dataset is written, and a rerun of the same
+            command takes them instead of running them again.
         min_rating, max_rating: keep puzzles rated in this range (None: unbounded): generated ones by
             rejection, CSV rows by their ``rating`` column.
         min_difficulty: deprecated name of ``min_rating``.
@@ -454,13 +492,15 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                             "seed": (seed, 0), "workers": (workers, 1)}, subsample_size, repo, revision)
     min_rating = _check_bounds(min_blanks, max_blanks, min_rating, max_rating, min_difficulty, minimal, generate,
                                expert, rating_scale)
+    _check_per_grid(puzzles_per_grid, expert)
     check_output_dir(output_dir, overwrite)
+    resume_dir = _resume_dir(output_dir) if expert else None
     source = csv_source(source_dir, generate, repo or HUB_REPO, revision)
 
     subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     (train_q, train_a, train_r), (test_q, test_a, test_r), scale = _source_puzzles(
         source.directory, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
-        seed, workers, expert, rating_scale)
+        seed, workers, expert, rating_scale, puzzles_per_grid, resume_dir)
     # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
     keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
                                         subsample_rng, "puzzles")
@@ -480,6 +520,8 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                 add_to_metadata(staging / split, "source", source.record)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
+    if resume_dir is not None:
+        shutil.rmtree(resume_dir)  # the chains are in the dataset now
     print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
     _print_ratings(summaries)
     if grids is not None:
@@ -544,6 +586,10 @@ def main(argv: list[str] | None = None) -> Path:
                         help="--expert only: whose guesses the climb, --min-rating and the recorded ratings count: "
                              "singles (this project's solver, default) or tdoku (Sudoku-Extreme's scale; default "
                              "--min-rating 10)")
+    parser.add_argument("--puzzles-per-grid", type=int,
+                        help=f"--expert only: puzzles kept per solution grid, 1..{MAX_PER_GRID} (default 8); 1 gives "
+                             "as many distinct grids as puzzles. Expert builds resume: rerun the same command after a "
+                             "stop")
     args = parser.parse_args(argv)
     return build_dataset(
         args.output_dir, source_dir=args.source_dir, generate=args.generate, train_size=args.train_size,
@@ -551,5 +597,5 @@ def main(argv: list[str] | None = None) -> Path:
         min_rating=args.min_rating, max_rating=args.max_rating, min_difficulty=args.min_difficulty,
         subsample_size=args.subsample_size, num_aug=args.num_aug, seed=args.seed, workers=args.workers,
         overwrite=args.overwrite, repo=args.repo, revision=args.revision, expert=args.expert,
-        rating_scale=args.rating_scale,
+        rating_scale=args.rating_scale, puzzles_per_grid=args.puzzles_per_grid,
     )

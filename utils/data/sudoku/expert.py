@@ -37,9 +37,13 @@ no test puzzle is equivalent to a training puzzle (equivalent puzzles have equiv
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import time
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Generator
 
 import numpy as np
@@ -163,9 +167,11 @@ def _chain(index: int, seed: int, stream: int, min_rating: int, search: ExpertSe
     return solution, kept[:search.per_grid]
 
 
-def _run_task(chains: range, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> list:
-    """The chains numbered ``chains``; their results in chain order."""
-    return sudoku_rating.run_jobs([_chain(k, seed, stream, min_rating, search) for k in chains])
+def _run_task(chains: range, seed: int, stream: int, min_rating: int, search: ExpertSearch) -> tuple[list, float]:
+    """The chains numbered ``chains``: their results in chain order, and the CPU seconds they took."""
+    start = time.process_time()
+    results = sudoku_rating.run_jobs([_chain(k, seed, stream, min_rating, search) for k in chains])
+    return results, time.process_time() - start
 
 
 def _tasks(first: int, missing: int, workers: int, search: ExpertSearch) -> list[range]:
@@ -177,9 +183,72 @@ def _tasks(first: int, missing: int, workers: int, search: ExpertSearch) -> list
     return [range(first + i * size, first + (i + 1) * size) for i in range(max(workers, math.ceil(chains / size)))]
 
 
+class ChainStore:
+    """The finished tasks of one stream's chains, kept on disk so that a stopped generation resumes where it stopped.
+
+    A chain's result depends only on ``(seed, stream, min_rating, search)`` and its number (module docstring), so
+    each task's results are saved under a folder named by a hash of those, one ``.npz`` per task (written to a
+    temporary name and renamed: a stop never leaves half a file), and a later run with the same settings takes them
+    instead of running the chains again. Other settings use another folder, so nothing stale is ever read.
+    """
+
+    def __init__(self, root: Path, seed: int, stream: int, min_rating: int, search: ExpertSearch):
+        key = hashlib.sha256(repr((seed, stream, min_rating, search)).encode()).hexdigest()[:16]
+        self.folder = Path(root) / f"stream{stream}-{key}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.results: dict[int, tuple] = {}
+        self.cpu_seconds = 0.0  # of the chains saved by earlier runs
+        for path in sorted(self.folder.glob("chains-*.npz")):
+            with np.load(path) as saved:
+                self.cpu_seconds += float(saved["cpu_seconds"])
+                for k, solution, puzzles, ratings, kept in zip(saved["chain"], saved["solution"], saved["puzzles"],
+                                                               saved["ratings"], saved["kept"]):
+                    self.results[int(k)] = (solution, [(puzzles[i], int(ratings[i])) for i in range(kept)])
+        if self.results:
+            print(f"resuming: {len(self.results)} chains of stream {stream} were finished earlier ({self.folder})")
+
+    def has(self, chains: range) -> bool:
+        return all(k in self.results for k in chains)
+
+    def get(self, chains: range) -> list:
+        return [self.results[k] for k in chains]
+
+    def put(self, chains: range, results: list, cpu_seconds: float) -> None:
+        """Save one task's results and CPU time (what ``_run_task`` returns for ``chains``)."""
+        width = max([1, *(len(kept) for _, kept in results)])
+        puzzles = np.zeros((len(results), width, 81), np.uint8)
+        ratings = np.zeros((len(results), width), np.int64)
+        for row, (_, kept) in enumerate(results):
+            for i, (puzzle, rating) in enumerate(kept):
+                puzzles[row, i], ratings[row, i] = puzzle, rating
+        path = self.folder / f"chains-{chains.start:08d}-{chains.stop:08d}.npz"
+        partial_path = path.with_name(path.stem + ".partial.npz")
+        np.savez(partial_path, chain=np.arange(chains.start, chains.stop), puzzles=puzzles, ratings=ratings,
+                 solution=np.stack([solution for solution, _ in results]),
+                 kept=np.array([len(kept) for _, kept in results]), cpu_seconds=cpu_seconds)
+        os.replace(partial_path, path)
+        self.results.update(zip(chains, results))
+
+
+def _task_results(pool, work, batch: list[range], store: ChainStore | None):
+    """``(results, CPU seconds spent now)`` for each task in ``batch``, in order: from ``store`` where it has them
+    (0 s), else run on ``pool`` (and saved)."""
+    todo = [task for task in batch if store is None or not store.has(task)]
+    computed = pool.imap(work, todo)
+    for task in batch:
+        if store is not None and store.has(task):
+            yield store.get(task), 0.0
+            continue
+        results, cpu_seconds = next(computed)
+        if store is not None:
+            store.put(task, results, cpu_seconds)
+        yield results, cpu_seconds
+
+
 def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MIN_RATING, workers: int = 1,
                     exclude: set[bytes] | None = None, desc: str = "generate expert",
-                    search: ExpertSearch = ExpertSearch()) -> tuple[np.ndarray, np.ndarray, set[bytes]]:
+                    search: ExpertSearch = ExpertSearch(),
+                    resume_dir: str | os.PathLike | None = None) -> tuple[np.ndarray, np.ndarray, set[bytes]]:
     """``count`` expert puzzles: unique solutions, rated at least ``min_rating`` (see the module docstring).
 
     Chains 0, 1, 2, ... of ``stream`` are run in tasks of at most ``search.chains_per_task`` on ``workers``
@@ -195,6 +264,8 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
         workers: processes, >= 1.
         exclude: grid fingerprints whose puzzles are not wanted (e.g. the training set's, for a test set).
         search: how the chains search.
+        resume_dir: where finished tasks are kept (:class:`ChainStore`), so that a stopped run resumes; None keeps
+            nothing. The result is the same with or without it.
     Returns:
         questions uint8 [count, 81] (0 = blank), answers uint8 [count, 81], and the fingerprints seen
         (``exclude`` plus the grids taken).
@@ -204,13 +275,15 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
     seen = set(exclude or ())
     questions, answers = [], []
     work = partial(_run_task, seed=seed, stream=stream, min_rating=min_rating, search=search)
-    next_chain, barren = 0, 0
+    next_chain, barren, spent = 0, 0, 0.0
+    store = None if resume_dir is None else ChainStore(Path(resume_dir), seed, stream, min_rating, search)
     with worker_pool(workers) as pool, \
             tqdm(total=count, desc=desc, unit="puzzle") as bar:
         while len(questions) < count:
             batch = _tasks(next_chain, count - len(questions), workers, search)
             next_chain = batch[-1].stop
-            for results in pool.imap(work, batch):
+            for results, cpu_seconds in _task_results(pool, work, batch, store):
+                spent += cpu_seconds
                 for solution, kept in results:
                     if len(questions) == count:
                         break
@@ -229,4 +302,7 @@ def generate_expert(count: int, seed: int, stream: int = 0, min_rating: int = MI
                     bar.update(len(taken))
                 if len(questions) == count:
                     break
+    earlier = 0.0 if store is None else store.cpu_seconds
+    print(f"{desc}: the chains took {spent + earlier:.1f} CPU-s"
+          + (f" ({earlier:.1f} of them in earlier runs, resumed from {store.folder})" if earlier else ""))
     return np.stack(questions), np.stack(answers), seen
