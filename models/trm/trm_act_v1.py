@@ -14,16 +14,25 @@ initialisation and random-number order match the reference, so its checkpoints l
 
 The blocks, the loss head (:class:`models.losses.ACTLossHead`), the sparse puzzle embedding, the carry
 and the ACT wrapper are shared with HRM (:mod:`models.act`); only the recursion and the halting rule are TRM's own.
+
+**Training for restarts (opt-in).** EqR (arXiv 2605.21488; ``locuslab/EqR`` ``models/eqr.py``, its keys) trains
+TRM so that restarting it and running it deeper help: every row that starts a puzzle draws a fresh latent
+(``random_reset``: z_H and z_L of every position from a truncated normal of std ``H_init_std``/``L_init_std``,
+instead of the fixed ``H_init``/``L_init``), and every update of the network is damped and noisy,
+``z <- (1 - lambda_) z + lambda_ net(z + injection) + N(0, noise_scale^2)``, in training and evaluation alike.
+At the defaults (``random_reset`` off, ``lambda_`` 1, ``noise_scale`` 0) none of it runs: the model is the
+reference TRM, bitwise.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from models.act import ACTModel, InnerCarry, ReasoningConfig, RecurrentCore
-from models.layers import CosSin, ReasoningBlock, ReasoningModule
+from models.layers import CosSin, ReasoningBlock, ReasoningModule, trunc_normal_init_
 
 
 @dataclass
@@ -43,6 +52,12 @@ class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
     mlp_t: bool = False
     puzzle_emb_len: int = 16
     no_ACT_continue: bool = True
+    # EqR's settings (module docstring); the defaults are the reference TRM.
+    random_reset: bool = False
+    H_init_std: float = 1.0
+    L_init_std: float = 1.0
+    lambda_: float = 1.0
+    noise_scale: float = 0.0
 
     def validate(self) -> None:
         """Raises ValueError, naming the key and the fix, on values the model cannot be built with."""
@@ -65,6 +80,12 @@ class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
                              "or set it to 0 (auto)")
         if self.causal:
             raise ValueError("causal=True: TRM is non-causal (the reference ignores the key); set causal=False")
+        if not (0 < self.H_init_std < math.inf and 0 < self.L_init_std < math.inf):
+            raise ValueError(f"H_init_std ({self.H_init_std}) and L_init_std ({self.L_init_std}) must be finite and > 0")
+        if not 0 < self.lambda_ <= 1:
+            raise ValueError(f"lambda_={self.lambda_} (EqR's damping) must be in (0, 1]; 1 is no damping")
+        if not 0 <= self.noise_scale < math.inf:
+            raise ValueError(f"noise_scale={self.noise_scale} (EqR's latent noise std) must be finite and >= 0")
 
     @property
     def prefix_len(self) -> int:
@@ -88,12 +109,32 @@ class TinyRecursiveReasoningModel_ACTV1_Inner(RecurrentCore):
             for _ in range(config.L_layers)])
         self.add_initial_states()
 
+    def reset_carry(self, reset: torch.Tensor, carry: InnerCarry) -> InnerCarry:
+        """Rows with ``reset`` [B] True restart: from ``H_init``/``L_init``, or with ``random_reset`` from a fresh
+        truncated-normal latent per row and position (std ``H_init_std``/``L_init_std``, EqR's ``reset_carry``)."""
+        if not self.config.random_reset:
+            return super().reset_carry(reset, carry)
+        flag = reset.view(-1, 1, 1)
+        fresh_H = trunc_normal_init_(torch.empty_like(carry.z_H), std=self.config.H_init_std)
+        fresh_L = trunc_normal_init_(torch.empty_like(carry.z_L), std=self.config.L_init_std)
+        return InnerCarry(torch.where(flag, fresh_H, carry.z_H), torch.where(flag, fresh_L, carry.z_L))
+
+    def update(self, z: torch.Tensor, injection: torch.Tensor, cos_sin: CosSin | None) -> torch.Tensor:
+        """One network update of ``z`` [B, L, D]: ``net(z + injection)``, damped by ``lambda_`` and with EqR's
+        noise of std ``noise_scale`` where set, then the test-time search's noise where set (:meth:`perturb`)."""
+        new = self.L_level(z, injection, cos_sin)
+        if self.config.lambda_ != 1:
+            new = (1 - self.config.lambda_) * z + self.config.lambda_ * new
+        if self.config.noise_scale:
+            new = new + torch.randn_like(new) * self.config.noise_scale
+        return self.perturb(new)
+
     def latent_recursion(self, z_H: torch.Tensor, z_L: torch.Tensor, x: torch.Tensor,
                          cos_sin: CosSin | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``L_cycles`` latent updates given (answer + input), then one answer update (paper, Fig. 3)."""
         for _ in range(self.config.L_cycles):
-            z_L = self.perturb(self.L_level(z_L, z_H + x, cos_sin))
-        return self.perturb(self.L_level(z_H, z_L, cos_sin)), z_L
+            z_L = self.update(z_L, z_H + x, cos_sin)
+        return self.update(z_H, z_L, cos_sin), z_L
 
     def forward(self, carry: InnerCarry, batch: dict[str, torch.Tensor]):
         """Run one segment: ``H_cycles - 1`` recursions without gradient, then one with full backprop.
