@@ -133,7 +133,7 @@ def score_saved_outputs(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from utils.data.puzzle_dataset import PuzzleDataset
+    from utils.data.puzzle_dataset import PuzzleDataset, load_metadata
     from utils.data.saved_outputs import OutputsCollector
     from utils.device import select_device
     from utils.distributed import Dist
@@ -156,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
         from utils.eval.anytime import check_budget_s
 
         check_budget_s(args.budget)
+    test_time_compute(args)  # the flags' own ranges, before the checkpoint loads (again below, against its run)
+    if args.data_path is not None:
+        load_metadata(args.data_path, "test")
     device = select_device(args.device).device
     dtype, why = solving_dtype(device, args.forward_dtype)
     log.info(precision_line(device, dtype, why))

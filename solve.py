@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from utils.cli import ArgumentParser
+from utils.cli import ArgumentParser, non_negative_int, positive_int
 from utils.data.user_puzzles import PuzzleInputError
 from utils.config import ConfigError
 from utils.eval.flags import add_budget_argument, add_test_time_arguments
@@ -76,12 +76,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                                       "--rollouts or --views ask for fixed compute; 0: fixed compute, the model's own "
                                       "test-time settings")
     arc = parser.add_argument_group("ARC adaptation")
-    arc.add_argument("--adapt-steps", type=int, default=100, help="optimizer steps on the task's demonstrations "
-                                                                  "(default: 100)")
+    arc.add_argument("--adapt-steps", type=positive_int, default=100,
+                     help="optimizer steps on the task's demonstrations (default: 100)")
     arc.add_argument("--adapt-all", action="store_true", help="adapt every weight, not only the puzzle embedding")
-    arc.add_argument("--num-aug", type=int, default=100, help="augmented copies of the task (the papers: 1000; "
-                                                              "default: 100)")
-    arc.add_argument("--adapt-batch-size", type=int, default=32, help="examples per adaptation step (default: 32)")
+    arc.add_argument("--num-aug", type=non_negative_int, default=100,
+                     help="augmented copies of the task (the papers: 1000; default: 100)")
+    arc.add_argument("--adapt-batch-size", type=positive_int, default=32,
+                     help="examples per adaptation step (default: 32)")
     serve = parser.add_argument_group("the page (--serve)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine "
                                                            "only)")
@@ -316,7 +317,8 @@ def check_puzzle_flags(args: argparse.Namespace) -> None:
 
     Raises:
         PuzzleInputError: an empty --sudoku, --maze or --arc, or --views with --arc.
-        ConfigError: --adapt-steps or --adapt-batch-size below 1, --num-aug below 0, a --port out of range.
+        ConfigError: a --port out of range. (The ARC adaptation flags' ranges are their parser types', checked
+            whatever the puzzle.)
     """
     for flag, wanted in PUZZLE_FLAGS.items():
         value = getattr(args, flag)
@@ -324,14 +326,9 @@ def check_puzzle_flags(args: argparse.Namespace) -> None:
             raise PuzzleInputError(f"--{flag} is empty: give {wanted}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port} is out of range: 0..65535")
-    if args.arc is None and not args.serve:
-        return
     if args.arc is not None and args.views not in (None, 1):
         raise PuzzleInputError(f"--views {args.views} cannot be used with --arc: an ARC task is answered in its "
                                "augmented copies (--num-aug), which vote instead")
-    for flag, low in (("adapt_steps", 1), ("adapt_batch_size", 1), ("num_aug", 0)):
-        if getattr(args, flag) < low:
-            raise ConfigError(f"--{flag.replace('_', '-')} {getattr(args, flag)} is out of range: at least {low}")
 
 
 def check_adaptable(args: argparse.Namespace):

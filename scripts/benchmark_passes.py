@@ -77,8 +77,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         cpu = torch.device("cpu")
+        tokens = torch.from_numpy(parse_sudoku(args.sudoku, "--sudoku").astype("int32"))[None]  # before the model
         trained = open_model(args.checkpoint, "sudoku", 81, 1, cpu, torch.float32)
-        tokens = torch.from_numpy(parse_sudoku(args.sudoku, "--sudoku").astype("int32"))[None]
         print(machine_line(cpu))
         rate = matmul_rate(cpu, torch.float32, seconds=args.min_seconds)
         print(f"fp32 GEMM 1024^3, this run: {rate / 1e9:.0f} GFLOP/s; model: {trained.path.name}, {args.segments} "

@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from utils.cli import ArgumentParser, number_in, positive_int  # noqa: E402
-from utils.data.puzzle_dataset import PuzzleDataset  # noqa: E402
+from utils.data.puzzle_dataset import PuzzleDataset, load_metadata  # noqa: E402
 from utils.device import select_device, select_dtype  # noqa: E402
 from utils.distributed import Dist  # noqa: E402
-from utils.eval.load import load_trained  # noqa: E402
+from utils.eval.load import load_trained, resolve_checkpoint  # noqa: E402
 from utils.eval.puzzle import evaluate_puzzles  # noqa: E402
 from utils.data.puzzle_dataset import RATING_BAND_KEY  # noqa: E402
 from utils.eval.reasoning import TestTimeCompute, checked_better, rollouts, rules_checker  # noqa: E402
@@ -192,6 +192,11 @@ def main(argv=None) -> int:
     for flag in ("json", "picture"):
         if getattr(args, flag):
             check_writable_file(getattr(args, flag), f"--{flag}")
+    if args.noise == 0 and (max(args.rollouts) > 1 or any(k > 1 for k, _ in args.combined)):
+        parser.error("--noise 0 with more than one rollout: identical rollouts would add nothing; give --noise > 0")
+    resolve_checkpoint(args.checkpoint)  # the inputs are there, before the device is chosen and the model loads
+    if args.data_path is not None:
+        load_metadata(args.data_path, "test")
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, "auto")
     trained = load_trained(args.checkpoint, device, dtype, args.batch_size, args.data_path)

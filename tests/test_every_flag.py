@@ -190,6 +190,7 @@ SHIPPED = ROOT / "models" / "pretrained" / "sudoku_hard_trm.pt"
 VALID: dict[tuple[str, str, str], str] = {
     ("solve.py", "--budget", "0"): "0 s asks for fixed compute, the model's own test-time settings (--help)",
     ("solve.py", "--port", "0"): "0 picks a free port (--help)",
+    ("solve.py", "--num-aug", "0"): "no augmented copies: the task as given is adapted to and answered",
     ("solve.py", "--noise", "0"): "no noise: every rollout starts from the same state",
     ("evaluate.py", "--noise", "0"): "no noise: every rollout starts from the same state",
     ("solve.py", "--rollout-seed", "0"): "a seed of 0 is a seed",
@@ -252,26 +253,7 @@ CANNOT_RUN: dict[tuple[str, str, str], str] = {
 
 # (command, flag, value): a missing or late refusal in a file this test's author was asked not to change; expected
 # failures, each reported in the issue
-KNOWN: dict[tuple[str, str, str], str] = {
-    ("scripts/benchmark_test_time.py", "--noise", "0"): "refused (one line) when the grid has more than one rollout, "
-                                                        "as the default does, but only after the checkpoint loads",
-    **{("solve.py", flag, value): "an ARC flag is not checked when the puzzle is a Sudoku: accepted, the model loads"
-       for flag in ("--adapt-steps", "--num-aug", "--adapt-batch-size") for value in ("-1", "0")},
-    **{("evaluate.py", flag, value): "checked only after the checkpoint is loaded (torch.load)"
-       for flag, values in [("--segments", ["-1", "0"]), ("--min-segments", ["-1", "0"]), ("--rollouts", ["-1", "0"]),
-                            ("--views", ["-1", "0"]), ("--rollout-seed", ["-1"]),
-                            ("--noise", ["-1", "nan", "inf", "1e300"]),
-                            ("--data-path", PATHS)]
-       for value in values},
-    **{("scripts/benchmark_test_time.py", flag, value): "checked by utils/eval/load.py's load_trained, after the "
-                                                         "device is chosen (torch.cuda.is_available)"
-       for flag in ("--checkpoint", "--data-path") for value in PATHS},
-    **{("scripts/benchmark_passes.py", "--sudoku", value): "read after the checkpoint is loaded (torch.load): "
-                                                          "its parse_sudoku could move before open_model"
-       for value in PATHS},
-    ("scripts/build_outside_sudoku.py", "--lists", "a-folder"): "IsADirectoryError traceback from "
-                                                                "utils/data/sudoku/outside.py (outside this change)",
-}
+KNOWN: dict[tuple[str, str, str], str] = {}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -457,18 +439,10 @@ PRETRAIN_VALID: dict[tuple[str, str], str] = {
     ("seed", "0"): "the default seed",
     ("keep_last_checkpoints", "0"): "0 keeps all (--help)",
 }
-# (key, value): not refused by the settings checks (utils/config.py, outside this change): pretrain goes on to choose
-# its device (torch) and build its data
-PRETRAIN_KNOWN: dict[tuple[str, str], str] = {
-    (key, value): "not refused by utils/config.py's checks: the run goes on to choose its device and build its data"
-    for key, values in [("eval_halt_max_steps", ["-1", "0"]), ("eval_min_segments", ["-1", "0"]),
-                        ("eval_rollouts", ["-1", "0"]), ("eval_views", ["-1", "0"])]
-    for value in values}
 
 
 @pytest.mark.parametrize("key,value", [
-    pytest.param(k, v, id=f"{k}={v}", marks=[pytest.mark.xfail(reason=PRETRAIN_KNOWN[(k, v)], strict=True)]
-                 if (k, v) in PRETRAIN_KNOWN else []) for k in PRETRAIN_KEYS for v in NUMBERS])
+    pytest.param(k, v, id=f"{k}={v}") for k in PRETRAIN_KEYS for v in NUMBERS])
 def test_pretrain_setting(key, value, tmp_path, monkeypatch):
     """``python pretrain.py --config-name=cfg_pretrain_trm_cpu key=value`` from an empty folder: refused in one line
     before the device is chosen and the dataset built (or the value is documented as valid)."""
@@ -520,7 +494,7 @@ def test_the_lists_name_real_cases():
     for listing in (VALID, CANNOT_RUN, KNOWN):
         stale = set(listing) - cases
         assert not stale, f"no such case (a flag renamed or removed?): {sorted(stale)}"
-    assert all(reason.strip() for listing in (VALID, CANNOT_RUN, KNOWN, PRETRAIN_VALID, PRETRAIN_KNOWN, NOT_PATHS,
+    assert all(reason.strip() for listing in (VALID, CANNOT_RUN, KNOWN, PRETRAIN_VALID, NOT_PATHS,
                                               NO_PARSER)
                for reason in listing.values())
-    assert {k for k, _ in PRETRAIN_VALID | PRETRAIN_KNOWN} <= set(PRETRAIN_KEYS)
+    assert {k for k, _ in PRETRAIN_VALID} <= set(PRETRAIN_KEYS)

@@ -166,9 +166,16 @@ def resolve_setup(launch: Launch, rank: Dist) -> Setup:
         name, knobs, reason = resolve_hardware_profile(hardware, device)
         return name, {"global_batch_size": knobs["global_batch_size"]}, reason
 
+    def device_setting(merged: dict) -> str:
+        """The device asked for, once every setting the hardware profile leaves alone is checked: the evaluations'
+        test-time compute too, so that a bad eval_* setting is refused before the device is touched."""
+        cfg = build_config(merged)
+        eval_compute(cfg).check(validate_arch(cfg.arch)["halt_max_steps"], SETTING_NAMES)
+        return cfg.device
+
     merged, sources, labels, device, decisions = layered_settings(
         [defaults], [*recipe_layers(launch.config_name, groups=groups), (launch.source, asked)], rank,
-        lambda merged: build_config(merged).device, profile)
+        device_setting, profile)
     cfg = main_decides(build_config(merged), rank)
     choose_data_paths(cfg, sources, labels)
     arch = validate_arch(cfg.arch)
@@ -177,7 +184,6 @@ def resolve_setup(launch: Launch, rank: Dist) -> Setup:
                           "nothing would train")
     if cfg.global_batch_size % rank.world_size:
         raise ConfigError(f"global_batch_size {cfg.global_batch_size} is not divisible by the {rank.world_size} processes")
-    eval_compute(cfg).check(arch["halt_max_steps"], SETTING_NAMES)
     DepthCurriculum(cfg.depth_curriculum, (1, 1), 1)  # a bad stage is refused now, not after the data is built
     dtype, dtype_reason = select_dtype(device, cfg.forward_dtype)
     use_compile, compile_reason = compile_decision(device, cfg.compile)

@@ -64,13 +64,16 @@ def read_list(path: Path) -> tuple[str, list[Entry]]:
     """``(source, entries)`` of a list file: its ``#`` lines joined, and its puzzles in file order.
 
     Raises:
-        DatasetError: the file is missing, not UTF-8, or holds no puzzle; a line that is not a puzzle (message
+        DatasetError: the file is missing or a folder, not UTF-8, or holds no puzzle; a line that is not a puzzle (message
             ``file:line: ...`` with the row and column of a bad character, or the unit a clue repeats in).
     """
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise DatasetError(f"{path} not found: give list files of Sudoku puzzles, one per line") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path} is a folder: give list files of Sudoku puzzles (one per line), such as "
+                           f"{path}/*.txt") from None
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path} is not UTF-8 text ({e.reason}): save it as UTF-8") from None
     source, entries = [], []
