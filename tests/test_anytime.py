@@ -4,6 +4,7 @@ a fake one that moves a fixed step each time it is read, so a budget's rounds ne
 
 import dataclasses
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,3 +295,22 @@ def test_the_noise_flag_sets_the_latent_noise_of_anytime_solving_0_included(bund
     for given, used in ((None, anytime.LATENT_NOISE), (0.0, 0.0), (0.25, 0.25)):
         ttc = anytime.anytime_compute(SimpleNamespace(noise=given, **flags), own_compute(bundled))
         assert anytime.default_search(bundled, ttc).latent_noise == used  # --noise 0 was replaced by 1.0
+
+
+def test_opening_a_model_warms_it_up_once_before_any_clock_and_changes_no_answer(monkeypatch):
+    from utils.data.user_puzzles import parse_maze
+
+    calls = []
+    real = solving.run_segments
+    monkeypatch.setattr(solving, "run_segments",
+                        lambda forward, carry, total, stop=None: calls.append((carry.halted.numel(), total))
+                        or real(forward, carry, total, stop))
+    warmed = open_model(None, "maze", 100, 1, CPU, torch.float32)
+    assert calls == [(1, 1)]  # one segment of one blank puzzle, at load time: before any budget's clock starts
+    monkeypatch.setattr(solving, "warm_up", lambda *args: None)
+    cold = open_model(None, "maze", 100, 1, CPU, torch.float32)
+    tokens, _ = parse_maze((Path(solve.__file__).parent / "docs/examples/maze_10x10.txt").read_text(), "m")
+    answers = [anytime.solve_anytime(model, "maze", "m", tokens, 1e6, own_compute(model), CPU, clock=FakeClock())
+               for model in (warmed, cold)]
+    assert np.array_equal(answers[0].answer.grid, answers[1].answer.grid)
+    assert answers[0].spent.passes == answers[1].spent.passes

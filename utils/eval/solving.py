@@ -28,7 +28,7 @@ from utils.data.user_puzzles import PuzzleInputError, parse_maze, read_sudokus
 from utils.device import host_memory, memory_available
 from utils.eval.load import BUNDLED_DIR, Trained, load_trained
 from utils.eval.reasoning import (CHECKED, FLAG_NAMES, RULES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
-                                  TestTimeComputeError, initial_carry, reason)
+                                  TestTimeComputeError, initial_carry, reason, run_segments, stacked_initial_carry)
 
 
 class Bundled(NamedTuple):
@@ -163,7 +163,20 @@ def open_model(spec: Optional[str], task: str, seq_len: int, batch_size: int, de
     if spec is None:
         card = f" (its card: {trained.card})" if trained.card else ""  # the card the load checked, never a guess
         trained.note = f"the bundled model for {BUNDLED[task].what}, {trained.path}{card}"
+    warm_up(trained, seq_len, device)
     return trained
+
+
+def warm_up(trained: Trained, seq_len: int, device: torch.device) -> None:
+    """One segment of the model on one blank puzzle of ``seq_len`` tokens, answered and thrown away, so that a
+    budget's clock times solving: a framework's first call sets up kernels and buffers, which took seconds before a
+    first maze's answer on some CPUs (issue 63), and 0.06 s on the warm page."""
+    tokens = torch.ones(1, seq_len, dtype=torch.int32, device=device)  # 1: a token of every task (blank cell, wall)
+    batch = {"inputs": tokens, "labels": tokens.long(), "puzzle_identifiers": torch.zeros(1, dtype=torch.int32,
+                                                                                         device=device)}
+    with torch.no_grad():
+        for _ in run_segments(trained.head, stacked_initial_carry(trained.head, batch, [(0.0, 0)]), 1):
+            pass
 
 
 def answer(trained: Trained, task: str, puzzles: list[tuple[str, np.ndarray]], ttc: TestTimeCompute,
