@@ -160,3 +160,14 @@ def test_a_file_where_the_chains_folder_goes_is_refused_and_kept(tmp_path):
     with pytest.raises(DatasetError, match="is not a folder"):
         builder.build_dataset(tmp_path / "d", generate=True, expert=True, train_size=2, test_size=1)
     assert (tmp_path / ".d.chains").read_text() == "mine" and not (tmp_path / "d").exists()
+
+
+def test_a_damaged_chains_file_is_run_again_and_a_stopped_write_is_never_read(tmp_path, capsys):
+    whole = generate_expert(4, seed=5, min_rating=FLOOR, search=SMALL, resume_dir=tmp_path)
+    saved = sorted(tmp_path.glob("stream0-*/chains-*.npz"))
+    saved[0].write_bytes(saved[0].read_bytes()[:100])  # cut short, as a full disk would leave it
+    (saved[0].parent / "chains-00000099-00000102.partial").write_bytes(b"half")  # a write a stop interrupted
+    again = generate_expert(4, seed=5, min_rating=FLOOR, search=SMALL, resume_dir=tmp_path)
+    assert np.array_equal(again[0], whole[0]) and f"{saved[0]} is unreadable" in capsys.readouterr().out
+    with np.load(saved[0]) as rewritten:
+        assert len(rewritten["chain"]) == SMALL.chains_per_task

@@ -115,9 +115,10 @@ def test_eqrs_settings_train_and_compile_as_one_graph():
 @pytest.mark.parametrize("over, match", [
     ({"lambda_": 0.0}, r"lambda_=0.0 \(EqR's damping\) must be in \(0, 1\]"),
     ({"lambda_": 1.5}, r"must be in \(0, 1\]"),
-    ({"noise_scale": -0.1}, "noise_scale=-0.1"),
+    ({"noise_scale": -0.1}, r"noise_scale=-0.1 \(EqR's latent noise std\) must be in \[0, 100\]"),
     ({"noise_scale": float("nan")}, "noise_scale=nan"),
-    ({"H_init_std": 0.0}, "H_init_std"),
+    ({"noise_scale": 1e300}, "noise_scale=1e"),
+    ({"H_init_std": 0.0}, r"H_init_std \(0.0\) and L_init_std \(1.0\) must be in \(0, 100\]"),
     ({"L_init_std": float("inf")}, "L_init_std"),
 ])
 def test_bad_values_are_one_line_errors(over, match):

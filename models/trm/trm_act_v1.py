@@ -26,7 +26,6 @@ reference TRM, bitwise.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -80,12 +79,13 @@ class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
                              "or set it to 0 (auto)")
         if self.causal:
             raise ValueError("causal=True: TRM is non-causal (the reference ignores the key); set causal=False")
-        if not (0 < self.H_init_std < math.inf and 0 < self.L_init_std < math.inf):
-            raise ValueError(f"H_init_std ({self.H_init_std}) and L_init_std ({self.L_init_std}) must be finite and > 0")
+        # The latents are normalised to about unit scale (RMSNorm), so a std past 100 only drowns them.
+        if not (0 < self.H_init_std <= 100 and 0 < self.L_init_std <= 100):
+            raise ValueError(f"H_init_std ({self.H_init_std}) and L_init_std ({self.L_init_std}) must be in (0, 100]")
         if not 0 < self.lambda_ <= 1:
             raise ValueError(f"lambda_={self.lambda_} (EqR's damping) must be in (0, 1]; 1 is no damping")
-        if not 0 <= self.noise_scale < math.inf:
-            raise ValueError(f"noise_scale={self.noise_scale} (EqR's latent noise std) must be finite and >= 0")
+        if not 0 <= self.noise_scale <= 100:
+            raise ValueError(f"noise_scale={self.noise_scale} (EqR's latent noise std) must be in [0, 100]")
 
     @property
     def prefix_len(self) -> int:

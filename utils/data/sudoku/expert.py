@@ -41,6 +41,7 @@ import hashlib
 import math
 import os
 import time
+import zipfile
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -199,11 +200,17 @@ class ChainStore:
         self.results: dict[int, tuple] = {}
         self.cpu_seconds = 0.0  # of the chains saved by earlier runs
         for path in sorted(self.folder.glob("chains-*.npz")):
-            with np.load(path) as saved:
-                self.cpu_seconds += float(saved["cpu_seconds"])
-                for k, solution, puzzles, ratings, kept in zip(saved["chain"], saved["solution"], saved["puzzles"],
-                                                               saved["ratings"], saved["kept"]):
-                    self.results[int(k)] = (solution, [(puzzles[i], int(ratings[i])) for i in range(kept)])
+            try:
+                with np.load(path) as saved:
+                    found = list(zip(saved["chain"], saved["solution"], saved["puzzles"], saved["ratings"],
+                                     saved["kept"]))
+                    cpu_seconds = float(saved["cpu_seconds"])
+            except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:  # written by another program, or damaged
+                print(f"note: {path} is unreadable ({type(e).__name__}); its chains run again and replace it")
+                continue
+            self.cpu_seconds += cpu_seconds
+            for k, solution, puzzles, ratings, kept in found:
+                self.results[int(k)] = (solution, [(puzzles[i], int(ratings[i])) for i in range(kept)])
         if self.results:
             print(f"resuming: {len(self.results)} chains of stream {stream} were finished earlier ({self.folder})")
 
@@ -222,10 +229,11 @@ class ChainStore:
             for i, (puzzle, rating) in enumerate(kept):
                 puzzles[row, i], ratings[row, i] = puzzle, rating
         path = self.folder / f"chains-{chains.start:08d}-{chains.stop:08d}.npz"
-        partial_path = path.with_name(path.stem + ".partial.npz")
-        np.savez(partial_path, chain=np.arange(chains.start, chains.stop), puzzles=puzzles, ratings=ratings,
-                 solution=np.stack([solution for solution, _ in results]),
-                 kept=np.array([len(kept) for _, kept in results]), cpu_seconds=cpu_seconds)
+        partial_path = path.with_suffix(".partial")  # not a chains-*.npz: a stop while writing leaves nothing read
+        with open(partial_path, "wb") as f:
+            np.savez(f, chain=np.arange(chains.start, chains.stop), puzzles=puzzles, ratings=ratings,
+                     solution=np.stack([solution for solution, _ in results]),
+                     kept=np.array([len(kept) for _, kept in results]), cpu_seconds=cpu_seconds)
         os.replace(partial_path, path)
         self.results.update(zip(chains, results))
 
