@@ -171,3 +171,14 @@ def test_a_damaged_chains_file_is_run_again_and_a_stopped_write_is_never_read(tm
     assert np.array_equal(again[0], whole[0]) and f"{saved[0]} is unreadable" in capsys.readouterr().out
     with np.load(saved[0]) as rewritten:
         assert len(rewritten["chain"]) == SMALL.chains_per_task
+
+
+def test_a_second_build_of_the_same_dataset_is_refused_while_the_first_runs(tmp_path):
+    import fcntl
+
+    (tmp_path / ".d.chains").mkdir()
+    with open(tmp_path / ".d.chains" / "lock", "w") as held:  # what a running build holds
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(DatasetError, match="another build of .*d is running"):
+            builder.build_dataset(tmp_path / "d", generate=True, expert=True, train_size=2, test_size=1)
+    assert not (tmp_path / "d").exists() and (tmp_path / ".d.chains" / "lock").exists()

@@ -28,15 +28,18 @@ Example (the HRM "Sudoku-Extreme 1k" recipe):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import dataclasses
+import fcntl
 import itertools
 import json
-import dataclasses
 import os
 import shutil
 import warnings
 from functools import partial
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 from tqdm import tqdm
@@ -414,17 +417,27 @@ def _source_puzzles(source_dir, generate: bool, train_size: int, test_size: int,
             read_sudoku_csv(source_dir / "test.csv", min_rating, max_rating), "rating column of the source CSV")
 
 
-def _resume_dir(output_dir: Path) -> Path:
-    """Where an expert build keeps its finished chains until the dataset is written (a hidden sibling of it).
+@contextlib.contextmanager
+def _chains_folder(output_dir: Path) -> Iterator[Path]:
+    """The folder where an expert build keeps its finished chains until the dataset is written (a hidden sibling of
+    ``output_dir``), locked for this build while the block runs: a second build of the same dataset would otherwise
+    run the same chains and race this one to every file. The lock goes with the process, however it ends.
 
     Raises:
-        DatasetError: something other than a folder is there.
+        DatasetError: something other than a folder is there, or another build holds the lock.
     """
     folder = output_dir.parent / f".{output_dir.name}.chains"
     if folder.exists() and not folder.is_dir():
         raise DatasetError(f"{folder} is not a folder: an expert build keeps its finished chains there to resume; "
                            "move it away or choose another --output-dir")
-    return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DatasetError(f"another build of {output_dir} is running (it holds {folder / 'lock'}): wait for it "
+                               "to end, or stop it and run this command again to resume") from None
+        yield folder
 
 
 def _print_ratings(summaries: dict[str, dict]) -> None:
@@ -494,40 +507,45 @@ def build_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.PathLik
                                expert, rating_scale)
     _check_per_grid(puzzles_per_grid, expert)
     check_output_dir(output_dir, overwrite)
-    resume_dir = _resume_dir(output_dir) if expert else None
-    source = csv_source(source_dir, generate, repo or HUB_REPO, revision)
+    with _chains_folder(output_dir) if expert else contextlib.nullcontext() as resume_dir:
+        source = csv_source(source_dir, generate, repo or HUB_REPO, revision)
+        subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+        (train_q, train_a, train_r), (test_q, test_a, test_r), scale = _source_puzzles(
+            source.directory, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating,
+            max_rating, seed, workers, expert, rating_scale, puzzles_per_grid, resume_dir)
+        # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
+        keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
+                                            subsample_rng, "puzzles")
+        train = train_q[keep], train_a[keep], train_r[keep]
+        _write_dataset(output_dir, overwrite, train, (test_q, test_a, test_r), scale, num_aug, augment_rng,
+                       sudoku_grids.grid_summary(train[1], test_a) if expert else None, source.record)
+        if resume_dir is not None:
+            shutil.rmtree(resume_dir)  # the chains are in the dataset now
+    return output_dir
 
-    subsample_rng, augment_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
-    (train_q, train_a, train_r), (test_q, test_a, test_r), scale = _source_puzzles(
-        source.directory, generate, train_size, test_size, min_blanks, max_blanks, minimal, min_rating, max_rating,
-        seed, workers, expert, rating_scale, puzzles_per_grid, resume_dir)
-    # Subsample indices, so the ratings follow the puzzles (the same draw as subsampling the puzzles).
-    keep, _ = common.subsample_training(np.arange(len(train_q)), np.arange(len(train_q)), subsample_size,
-                                        subsample_rng, "puzzles")
-    train_q, train_a, train_r = train_q[keep], train_a[keep], train_r[keep]
 
-    summaries = {"train": rating_summary(train_r, scale), "test": rating_summary(test_r, scale)}
-    grids = sudoku_grids.grid_summary(train_a, test_a) if expert else None  # exact, by canonical forms
+def _write_dataset(output_dir: Path, overwrite: bool, train: tuple, test: tuple, scale: str, num_aug: int,
+                   augment_rng: np.random.Generator, grids: dict | None, source_record: dict | None) -> None:
+    """Write both splits (``(questions, answers, ratings)`` each) with their rating summaries, the expert build's
+    grid summary and the Hub source's record, through a staging folder; print what was written."""
+    summaries = {"train": rating_summary(train[2], scale), "test": rating_summary(test[2], scale)}
     with staged_dataset(output_dir, overwrite) as staging:
-        _write_split(staging / "train", train_q, train_a, num_aug, augment_rng)
-        _write_split(staging / "test", test_q, test_a, 0, augment_rng)
-        np.save(staging / "test" / f"all__{RATINGS_FIELD}.npy", test_r)  # accuracy by rating band
+        _write_split(staging / "train", train[0], train[1], num_aug, augment_rng)
+        _write_split(staging / "test", test[0], test[1], 0, augment_rng)
+        np.save(staging / "test" / f"all__{RATINGS_FIELD}.npy", test[2])  # accuracy by rating band
         for split, summary in summaries.items():
             add_to_metadata(staging / split, "ratings", summary)
             if grids is not None:
                 add_to_metadata(staging / split, "grids", grids)
-            if source.record is not None:
-                add_to_metadata(staging / split, "source", source.record)
+            if source_record is not None:
+                add_to_metadata(staging / split, "source", source_record)
         with open(staging / "identifiers.json", "w") as f:
             json.dump(["<blank>"], f)
-    if resume_dir is not None:
-        shutil.rmtree(resume_dir)  # the chains are in the dataset now
-    print(f"wrote {output_dir}: train {len(train_q)} groups x {1 + num_aug} puzzles, test {len(test_q)} puzzles")
+    print(f"wrote {output_dir}: train {len(train[0])} groups x {1 + num_aug} puzzles, test {len(test[0])} puzzles")
     _print_ratings(summaries)
     if grids is not None:
         print(f"solution grids (up to symmetry): train {grids['train_distinct']}, test {grids['test_distinct']}, "
               f"test grids equivalent to a training grid {grids['test_shared_with_train']}")
-    return output_dir
 
 
 def main(argv: list[str] | None = None) -> Path:
