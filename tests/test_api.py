@@ -4,11 +4,13 @@ answers carry what they claim, and bad input is one documented exception. On the
 import contextlib
 import io
 import re
+import threading
 from pathlib import Path
 
 import pytest
 
 import solve
+from utils.eval import api
 from utils.eval.anytime import protocol
 from utils.eval.reasoning import TestTimeComputeError
 
@@ -61,3 +63,41 @@ def test_bad_input_is_one_documented_exception(solver):
     assert next(answers).consistent  # yielded before the bad entry is reached
     with pytest.raises(solve.PuzzleInputError):
         next(answers)
+
+
+class CountingLock:
+    """A lock that sets ``waiting`` once a second caller has begun to wait for it."""
+
+    def __init__(self):
+        self.lock, self.callers, self.waiting = threading.Lock(), 0, threading.Event()
+
+    def __enter__(self):
+        self.callers += 1
+        if self.callers > 1:
+            self.waiting.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc):
+        self.lock.release()
+
+
+def test_threads_sharing_a_solver_take_turns(monkeypatch):
+    """device=cpu. Thread B asks while thread A's solve runs: B waits for its turn and solves after A's ends."""
+    solver = solve.Solver(device="cpu", dtype="float32")
+    solver._turn = CountingLock()
+    order, real = [], api.solve_anytime
+    second = threading.Thread(target=lambda: solver.sudoku(HELD_OUT, budget=1.0))
+
+    def solve_in_turn(*args, **kwargs):
+        order.append("start")
+        if len(order) == 1:  # A: let B ask now, and see it wait
+            second.start()
+            assert solver._turn.waiting.wait(timeout=60) and order == ["start"]
+        found = real(*args, **kwargs)
+        order.append("end")
+        return found
+
+    monkeypatch.setattr(api, "solve_anytime", solve_in_turn)
+    assert solver.sudoku(HELD_OUT, budget=1.0).consistent
+    second.join()
+    assert order == ["start", "end", "start", "end"]

@@ -148,3 +148,11 @@ def test_a_real_file_streams_its_answers_with_no_bar_in_redirected_output(tmp_pa
                "selection" and r["passes"] == "8" for r in kept if r is not kept[1]), kept
     assert list(csv.reader((tmp_path / "out" / "answers.csv").open()))[0] == list(COLUMNS)
     assert "3 line(s) answered" in done.stdout
+
+
+@pytest.mark.parametrize("task", ["sudoku", "maze"])
+def test_a_file_that_is_not_text_is_refused_before_any_line_is_answered(tmp_path, task):
+    program = tmp_path / "picture.png"
+    program.write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(range(256)))
+    with pytest.raises(PuzzleInputError, match=r"picture.png is not a text file \(it holds NUL bytes\)"):
+        next(iter_puzzle_file(task, program))

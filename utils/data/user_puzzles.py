@@ -125,12 +125,19 @@ def iter_puzzle_file(task: str, path: Path) -> Iterator[FileEntry]:
     entry (or bytes that are not UTF-8) is yielded with its ``error``, never raised, so the rest can be answered.
 
     Raises:
-        PuzzleInputError: the file cannot be opened.
+        PuzzleInputError: the file cannot be opened, or is not text (a NUL byte in its first 8 KiB: an image, a
+            program, a compressed file), which would otherwise be answered as lines of garbage.
     """
     try:
+        with open(path, "rb") as raw:
+            binary = b"\0" in raw.read(8192)
         handle = open(path, encoding="utf-8-sig", errors="replace", newline="")
     except OSError as e:
         raise PuzzleInputError(f"{path}: cannot be read ({e.strerror}); give a text file of puzzles") from None
+    if binary:
+        handle.close()
+        raise PuzzleInputError(f"{path} is not a text file (it holds NUL bytes): give a text file of puzzles, "
+                               "one a line")
     with handle:
         first = handle.readline()
         handle.seek(0)

@@ -15,6 +15,7 @@ that protocol (:attr:`Solution.protocol`), not the references' one answer.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
@@ -65,6 +66,9 @@ class Solution:
 class Solver:
     """Solve Sudoku and mazes from Python (module docstring). Models load on first use, one a task.
 
+    One puzzle at a time: threads that share a Solver take turns (a solve sets state on its model, the
+    search's latent noise), and a puzzle's budget starts when its turn comes.
+
     Args:
         checkpoint: a Sudoku or maze checkpoint (a file, a run directory, ``hf://owner/repo``) used for its task;
             None: the bundled models (a Sudoku, and mazes of 10x10).
@@ -81,6 +85,7 @@ class Solver:
         self.dtype, self.dtype_reason = solving_dtype(self.device, dtype)
         self.checkpoint, self.seed = checkpoint, seed
         self._models: dict[tuple[str, int], Trained] = {}
+        self._turn = threading.Lock()
 
     def sudoku(self, puzzle: str, budget: float = 6.0) -> Solution:
         """Solve one Sudoku: 81 characters, row by row, ``1``-``9`` for givens and ``.`` or ``0`` for blanks.
@@ -115,9 +120,10 @@ class Solver:
 
     def _solve(self, task: str, tokens: np.ndarray, budget: float) -> Solution:
         check_budget_s(budget, "budget")
-        trained = self._model(task, tokens.size)
-        ttc = TestTimeCompute(noise=LATENT_NOISE, seed=self.seed)
-        solved = solve_anytime(trained, task, task, tokens, budget, ttc, self.device)
+        with self._turn:
+            trained = self._model(task, tokens.size)
+            ttc = TestTimeCompute(noise=LATENT_NOISE, seed=self.seed)
+            solved = solve_anytime(trained, task, task, tokens, budget, ttc, self.device)
         found = solved.answer
         if found is None:
             return Solution(task, "", False, False, solved.ended, (UNSOLVABLE[task],), protocol(budget), 0, 0.0, ())
