@@ -156,3 +156,22 @@ def test_a_file_that_is_not_text_is_refused_before_any_line_is_answered(tmp_path
     program.write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR" + bytes(range(256)))
     with pytest.raises(PuzzleInputError, match=r"picture.png is not a text file \(it holds NUL bytes\)"):
         next(iter_puzzle_file(task, program))
+
+
+def test_a_second_solve_into_the_same_out_is_refused_while_the_first_writes(tmp_path, monkeypatch, capsys):
+    import fcntl
+
+    source = puzzle_file(tmp_path / "p.txt", TOP95[:3], {})
+    args = ["--sudoku", str(source), "--out", str(tmp_path / "out"), *CPU_FLAGS]
+    fake_solver(monkeypatch)
+    assert solve.main(args) == 1
+    answers = tmp_path / "out" / "answers.csv"
+    whole = answers.read_bytes()
+    with open(answers, "a") as first:  # what a solve.py still answering into it holds
+        fcntl.flock(first, fcntl.LOCK_EX)
+        capsys.readouterr()
+        assert solve.main(args) == 2
+        err = capsys.readouterr().err.strip()
+    assert err == f"error: another solve.py is answering into {answers}: wait for it to end (this command then " \
+                  "continues the file), or give another --out"
+    assert answers.read_bytes() == whole

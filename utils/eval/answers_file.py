@@ -11,6 +11,7 @@ is not this command's: it is refused, never repaired.
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 from pathlib import Path
@@ -37,20 +38,30 @@ class AnswersFile:
 
     Raises:
         AnswersFileError: an earlier ``answers.csv`` made with other settings (the first difference named), or one
-            with no settings file beside it.
+            with no settings file beside it, or one that another process is writing (it holds the file's lock,
+            which goes with it however it ends).
     """
 
     def __init__(self, out: Path, settings: dict):
         self.path, self.settings_path = out / ANSWERS, out / SETTINGS
         out.mkdir(parents=True, exist_ok=True)
-        self.answered = self._continue(settings) if self.path.exists() else self._start(settings)
+        existed = self.path.exists()
         self._handle = open(self.path, "a", newline="", encoding="utf-8")
-        self._writer = csv.writer(self._handle)
+        try:
+            try:
+                fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise AnswersFileError(f"another solve.py is answering into {self.path}: wait for it to end (this "
+                                       "command then continues the file), or give another --out") from None
+            self._writer = csv.writer(self._handle)
+            self.answered = self._continue(settings) if existed else self._start(settings)
+        except BaseException:
+            self._handle.close()
+            raise
 
     def _start(self, settings: dict) -> set[int]:
         self.settings_path.write_text(json.dumps(settings, indent=1) + "\n")
-        with open(self.path, "w", newline="", encoding="utf-8") as handle:
-            csv.writer(handle).writerow(COLUMNS)
+        self.write(dict(zip(COLUMNS, COLUMNS)))  # the header row
         return set()
 
     def _continue(self, settings: dict) -> set[int]:
