@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     from utils.eval.arc import ARC, write_results
     from utils.eval.load import load_trained
     from utils.eval.puzzle import evaluate_puzzles
-    from utils.eval.reasoning import test_time_compute
+    from utils.eval.reasoning import check_test_time_flags, test_time_compute
     from utils.viz.puzzles import known_task
 
     check_output_paths(args)
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         from utils.eval.anytime import check_budget_s
 
         check_budget_s(args.budget)
-    test_time_compute(args)  # the flags' own ranges, before the checkpoint loads (again below, against its run)
+    check_test_time_flags(args)  # before the checkpoint loads; again below, against its run
     if args.data_path is not None:
         load_metadata(args.data_path, "test")
     device = select_device(args.device).device

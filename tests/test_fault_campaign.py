@@ -194,10 +194,11 @@ def arc_task(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("flags,fragment", [(["--adapt-steps", "0"], "--adapt-steps 0 is out of range: at least 1"),
-                                            (["--adapt-steps", "-5"], "--adapt-steps -5 is out of range"),
-                                            (["--adapt-batch-size", "0"], "--adapt-batch-size 0 is out of range"),
-                                            (["--views", "8"], "--views 8 cannot be used with --arc")])
+@pytest.mark.parametrize("flags,fragment", [
+    (["--adapt-steps", "0"], "--adapt-steps: '0': give a whole number of 1 or more"),
+    (["--adapt-steps", "-5"], "--adapt-steps: '-5': give a whole number"),
+    (["--adapt-batch-size", "0"], "--adapt-batch-size: '0': give a whole number"),
+    (["--views", "8"], "--views 8 cannot be used with --arc")])
 def test_13_and_15_arc_adaptation_settings_are_refused_before_any_work(sudoku_run, tmp_path, capsys, flags, fragment):
     out = tmp_path / "out"
     code = solve_cpu("--checkpoint", str(sudoku_run), "--arc", str(arc_task(tmp_path / "task.json")), "--out",

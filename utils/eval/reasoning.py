@@ -424,6 +424,15 @@ def test_time_compute(args, run_cfg=None, keep_segments: bool = False, task: Opt
     return dataclasses.replace(ttc, checker=rules_checker(task)) if getattr(args, "checked", False) else ttc
 
 
+def check_test_time_flags(args) -> None:
+    """Check the test-time flags' own ranges, before a checkpoint is loaded to check them against its run.
+
+    Raises:
+        TestTimeComputeError: a value out of range.
+    """
+    _flagged_compute(args, None, False)
+
+
 def _flagged_compute(args, run_cfg, keep_segments: bool) -> TestTimeCompute:
     halt_max_steps = getattr(run_cfg, "arch", {}).get("halt_max_steps")
     if run_cfg is not None and all(getattr(args, flag) is None for flag in TEST_TIME_FLAGS):
