@@ -107,6 +107,7 @@ def test_global_batch_must_divide_by_world_size(sudoku_dir, tmp_path, monkeypatc
 
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     monkeypatch.setattr(distributed, "init_distributed", lambda: distributed.Dist(rank=0, world_size=2, local_rank=0))
+    monkeypatch.setattr("utils.run.main.leave_worker", lambda code: None)  # a torchrun worker's exit would end pytest
     try:
         code = pretrain.main([*common(sudoku_dir), "global_batch_size=31", f"checkpoint_path={tmp_path / 'run'}"])
     finally:
@@ -159,3 +160,35 @@ def test_with_gpus_the_group_sends_cuda_tensors_through_nccl_and_host_tensors_th
     monkeypatch.setattr(distributed.torch.cuda, "device_count", lambda: 1)  # this rank has no GPU of its own
     joined.clear()
     assert not distributed.init_distributed().uses_nccl and joined == {"backend": "gloo"}
+
+
+@pytest.mark.parametrize("outcome, code", [("done", 0), ("bad input", 2)])
+def test_a_torchrun_worker_leaves_with_its_code_past_the_interpreters_teardown(monkeypatch, capsys, outcome, code):
+    """device=cpu, a world of 2 simulated: after its group is destroyed, a worker ends by ``os._exit`` with the run's
+    exit code, its output flushed (gloo's threads can abort a worker in the interpreter's teardown)."""
+    from utils.distributed import Dist
+    from utils.errors import UserError
+    from utils.run import main
+
+    events = []
+
+    def body(rank, stopper):
+        if outcome == "bad input":
+            raise UserError("a bad setting")
+        return 0
+
+    def exit_now(status):
+        events.append(("exit", status))
+        raise SystemExit(status)
+
+    monkeypatch.setattr("utils.distributed.init_distributed", lambda: Dist(1, 2, 1))
+    monkeypatch.setattr(main, "setup_logging", lambda rank=None: None)  # keep this process's logging as it is
+    monkeypatch.setattr(torch.distributed, "barrier", lambda: events.append("barrier"))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: events.append("destroyed"))
+    monkeypatch.setattr(main.os, "_exit", exit_now)
+    with pytest.raises(SystemExit):
+        main.run_main(body)
+    assert events == (["barrier"] if outcome == "done" else []) + ["destroyed", ("exit", code)]
+    if outcome == "bad input":
+        assert capsys.readouterr().err == "[rank 1] error: a bad setting\n"

@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, NoReturn
 
 from utils.errors import RunFailure, UserError
 from utils.run.stop import GracefulStop, StoppedAtOnce, signal_exit_code
@@ -123,15 +123,29 @@ def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
             code = body(rank, stopper)
         if rank.world_size > 1:
             dist.barrier()
-        return code
     except (UserError, RunFailure) as e:
-        return report_error(e, rank)
+        code = report_error(e, rank)
     except StoppedAtOnce as e:
         print(f"{e}", file=sys.stderr, flush=True)
-        return e.exit_code
+        code = e.exit_code
     except KeyboardInterrupt:  # a second Ctrl-C: abort at once, without a checkpoint
         print("aborted (second Ctrl-C): no checkpoint was written for the last steps", file=sys.stderr, flush=True)
-        return signal_exit_code(signal.SIGINT)
+        code = signal_exit_code(signal.SIGINT)
     finally:
         if rank.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
+    if rank.world_size > 1:
+        leave_worker(code)
+    return code
+
+
+def leave_worker(code: int) -> NoReturn:
+    """End a torchrun worker with ``code`` now that its run is over and its process group destroyed: flush what it
+    printed and logged, then ``os._exit``, skipping the interpreter's teardown. In that teardown gloo's worker
+    threads can abort a worker whose run succeeded (SIGABRT, "terminate called without an active exception"; seen
+    in this project's CI after "done", and reported upstream: pytorch/pytorch#179291). Everything the run writes
+    is closed by then (checkpoints, metrics, TensorBoard)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
