@@ -51,7 +51,7 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 from urllib.parse import unquote, urljoin, urlparse
 
 REPO = Path(__file__).resolve().parent
@@ -358,7 +358,11 @@ class PlatformInfo:
 # Every probe and pip command running, each the leader of its own process group, so that a stop or a timeout ends it
 # with whatever it started; a stop (:func:`_stops_end_children`) ends them from the main thread, wherever they run.
 _children: set[subprocess.Popen] = set()
-_stopping = False
+_stop_signum: int | None = None  # the signal of a stop under way
+# Held while a child starts and is registered; True while the main thread holds it. A stop that comes then is left
+# to _child, which acts on it once the child is registered: a stop raised inside Popen would leave the child running.
+_start_lock = threading.RLock()
+_main_starting = False
 # main(): DRY_RUN_PROBE_TIMEOUT_S during a dry run, else None (each pip probe waits its own timeout).
 _probe_cap_s: float | None = None
 
@@ -401,11 +405,21 @@ def _child(argv: list[str], env: dict | None, **popen):
         FileNotFoundError, PermissionError: the program cannot be run.
         KeyboardInterrupt: a stop came while it started.
     """
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, **popen)
-    _children.add(proc)
+    global _main_starting
+    in_main = threading.current_thread() is threading.main_thread()
+    proc = None
+    with _start_lock:
+        _main_starting = in_main
+        try:
+            proc = subprocess.Popen(argv, env=env, start_new_session=True, **popen)
+            _children.add(proc)
+        finally:
+            _main_starting = False
+            if proc is None and _stop_signum is not None:  # the start failed while a stop waited for it
+                _stop_now()
     try:
-        if _stopping:  # the stop's handler ran before the line above: it did not see this child
-            raise KeyboardInterrupt
+        if _stop_signum is not None:  # a stop came while this child started: it is registered now
+            _stop_now()
         yield proc
     except BaseException:
         _end(proc)
@@ -414,24 +428,32 @@ def _child(argv: list[str], env: dict | None, **popen):
         _children.discard(proc)
 
 
+def _stop_now() -> NoReturn:
+    """Kill every child running (after any start under way in another thread has registered its child), then raise
+    :class:`Stopped` for the stop's signal."""
+    with _start_lock:
+        for proc in list(_children):
+            _kill(proc)
+    raise Stopped(_stop_signum)
+
+
 @contextlib.contextmanager
 def _stops_end_children():
     """Within the block, Ctrl-C (SIGINT) or SIGTERM kills every child running (:data:`_children`) at once and raises
     :class:`Stopped` in the main thread. Each child leads its own process group, so a terminal's Ctrl-C does not
     reach it and nothing else ends it: it would otherwise run on to its timeout (up to 900 s) while a thread waits
     for it. Outside the main thread (where no handler can be set) the signals are left as they are."""
-    global _stopping
-    _stopping = False
+    global _stop_signum
+    _stop_signum = None
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum, _frame):
-        global _stopping
-        _stopping = True
-        for proc in list(_children):
-            _kill(proc)
-        raise Stopped(signum)
+        global _stop_signum
+        _stop_signum = signum
+        if not _main_starting:  # else _child stops once the child it starts is registered
+            _stop_now()
 
     previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:

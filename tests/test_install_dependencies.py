@@ -1237,3 +1237,24 @@ def test_ctrl_c_during_a_pip_probe_is_one_line_exit_130_and_ends_pip_with_its_ch
     assert err.splitlines() == ["stopped (Ctrl-C); nothing was changed"], err
     assert _all_gone([int(pid) for pid in pids.read_text().split()]), "pip or its child was left running"
     assert not (tmp_path / "report.json").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the child in /proc (Linux)")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_that_comes_while_a_probe_starts_ends_that_probe_too(monkeypatch, signum):
+    """Seen once in CI under load: a stop whose handler ran inside Popen (the child started, not yet registered)
+    left the child running after the installer ended. The stop now waits for the child to be registered."""
+    started, real_popen = [], subprocess.Popen
+
+    def popen_then_stop(*args, **kwargs):
+        child = real_popen(*args, **kwargs)
+        started.append(child.pid)
+        os.kill(os.getpid(), signum)  # the handler runs here, inside what _child calls Popen
+        return child
+
+    monkeypatch.setattr(inst.subprocess, "Popen", popen_then_stop)
+    with pytest.raises(inst.Stopped) as stopped:
+        with inst._stops_end_children():
+            inst._capture([sys.executable, "-c", "import time; time.sleep(600)"], timeout=HANG_GUARD_S)
+    assert stopped.value.signum == signum and _all_gone(started)
+    assert not inst._children
