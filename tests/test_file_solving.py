@@ -77,13 +77,19 @@ def test_a_file_with_bad_lines_is_answered_line_by_line_and_continued_after_a_st
     assert solve.main(args) == 1 and calls == [f"line {n}" for n in (6, 7, 8, 9, 11)]  # all done: nothing runs
 
 
-def test_a_torn_last_row_is_redone_and_other_settings_are_refused(tmp_path, monkeypatch, capsys):
+def three_answered(tmp_path: Path, monkeypatch) -> tuple[list[str], Path, bytes]:
+    """A file of 3 puzzles answered into ``tmp_path/out`` by the fake solver: (its command line, answers.csv, its
+    bytes)."""
     source = puzzle_file(tmp_path / "p.txt", TOP95[:3], {})
     args = ["--sudoku", str(source), "--out", str(tmp_path / "out"), *CPU_FLAGS]
     fake_solver(monkeypatch)
     assert solve.main(args) == 1
     answers = tmp_path / "out" / "answers.csv"
-    whole = answers.read_bytes()
+    return args, answers, answers.read_bytes()
+
+
+def test_a_torn_last_row_is_redone_and_other_settings_are_refused(tmp_path, monkeypatch, capsys):
+    args, answers, whole = three_answered(tmp_path, monkeypatch)
     for torn in (whole[:-30], whole[:whole.rindex(b",")] + b"\r\n"):  # cut mid-row; a full line with a field short
         answers.write_bytes(torn)
         calls = fake_solver(monkeypatch)
@@ -161,12 +167,7 @@ def test_a_file_that_is_not_text_is_refused_before_any_line_is_answered(tmp_path
 def test_a_second_solve_into_the_same_out_is_refused_while_the_first_writes(tmp_path, monkeypatch, capsys):
     import fcntl
 
-    source = puzzle_file(tmp_path / "p.txt", TOP95[:3], {})
-    args = ["--sudoku", str(source), "--out", str(tmp_path / "out"), *CPU_FLAGS]
-    fake_solver(monkeypatch)
-    assert solve.main(args) == 1
-    answers = tmp_path / "out" / "answers.csv"
-    whole = answers.read_bytes()
+    args, answers, whole = three_answered(tmp_path, monkeypatch)
     with open(answers, "a") as first:  # what a solve.py still answering into it holds
         fcntl.flock(first, fcntl.LOCK_EX)
         capsys.readouterr()
