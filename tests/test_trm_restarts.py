@@ -118,3 +118,17 @@ def test_eqrs_settings_train_and_compile_as_one_graph():
 def test_bad_values_are_one_line_errors(over, match):
     with pytest.raises(ValueError, match=match):
         TinyRecursiveReasoningModel_ACTV1(tiny_config(**over))
+
+
+def test_an_eqr_model_answers_a_batch_the_same_way_each_time_and_leaves_the_global_stream_alone():
+    from utils.eval.reasoning import TestTimeCompute, reason
+
+    cfg = tiny_config(**{**EQR, "noise_scale": 0.05})
+    torch.manual_seed(0)
+    head = ACTLossHead(randomised(TinyRecursiveReasoningModel_ACTV1(cfg))).eval()
+    batch = tiny_batch(cfg)
+    before = torch.get_rng_state()
+    first, again = (reason(head, head, batch, TestTimeCompute(segments=3, seed=4)) for _ in range(2))
+    other = reason(head, head, batch, TestTimeCompute(segments=3, seed=5))
+    assert torch.equal(first["logits"], again["logits"]) and torch.equal(torch.get_rng_state(), before)
+    assert not torch.equal(first["logits"], other["logits"])  # the seed decides the random starts and the noise

@@ -109,6 +109,11 @@ class TinyRecursiveReasoningModel_ACTV1_Inner(RecurrentCore):
             for _ in range(config.L_layers)])
         self.add_initial_states()
 
+    @property
+    def stochastic(self) -> bool:
+        """Whether the model draws random numbers of its own as it answers (EqR's random reset or noise)."""
+        return self.config.random_reset or self.config.noise_scale > 0
+
     def reset_carry(self, reset: torch.Tensor, carry: InnerCarry) -> InnerCarry:
         """Rows with ``reset`` [B] True restart: from ``H_init``/``L_init``, or with ``random_reset`` from a fresh
         truncated-normal latent per row and position (std ``H_init_std``/``L_init_std``, EqR's ``reset_carry``)."""

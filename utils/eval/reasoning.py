@@ -31,6 +31,7 @@ every row reasoning by clearing ``halted`` after each call, so no second compile
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -168,6 +169,20 @@ def stacked_initial_carry(head, batch: dict[str, torch.Tensor], draws: list[tupl
     return Carry(inner, torch.zeros_like(carry.steps), torch.zeros_like(carry.halted), rows)
 
 
+@contextlib.contextmanager
+def seeded_model_randomness(head, seed: int, device: torch.device) -> Iterator[None]:
+    """Within the block, a model with randomness of its own (TRM with EqR's ``random_reset`` or ``noise_scale``,
+    drawn from torch's global generator as EqR draws it) draws it from ``seed``, and the global generator is
+    restored afterwards: the model answers a batch the same way each time, and a training run's random stream is
+    not moved by its evaluations. A model without such randomness (every reference setting) is left alone."""
+    if not getattr(head.model.inner, "stochastic", False):
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
 @torch.no_grad()
 def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
            stop: Optional[Callable[[], bool]] = None) -> dict[str, torch.Tensor]:
@@ -189,8 +204,15 @@ def reason(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTim
         TestTimeComputeError: ``views`` > 1 on a batch that is not a square grid or that has puzzle identifiers.
         Cancelled: ``stop`` said so.
     """
-    if ttc.views == 1:
-        return _best_rollout(forward, head, batch, ttc, stop)
+    with seeded_model_randomness(head, ttc.seed, batch["inputs"].device):
+        if ttc.views == 1:
+            return _best_rollout(forward, head, batch, ttc, stop)
+        return _voted_views(forward, head, batch, ttc, stop)
+
+
+def _voted_views(forward: Callable, head, batch: dict[str, torch.Tensor], ttc: TestTimeCompute,
+                 stop: Optional[Callable[[], bool]]) -> dict[str, torch.Tensor]:
+    """:func:`reason` with ``ttc.views`` > 1: each view answered, mapped back and voted on."""
     side = view_grid_side(batch["inputs"].shape[1], bool((batch["puzzle_identifiers"] != 0).any()))
     answers = []
     for t in range(ttc.views):

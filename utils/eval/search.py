@@ -28,7 +28,7 @@ import torch
 
 from models.act import Carry, InnerCarry, LatentNoise
 from utils.data.sudoku.symmetry import random_symmetry
-from utils.eval.reasoning import RULES, dihedral_order, run_segments, stacked_initial_carry
+from utils.eval.reasoning import RULES, dihedral_order, run_segments, seeded_model_randomness, stacked_initial_carry
 
 VIEW_KINDS = ("symmetry", "dihedral", "none")
 CHECKS = ("segment", "end")
@@ -144,20 +144,22 @@ def run_trajectories(trained, task: str, tokens: np.ndarray, search: Search, fir
                                                                                       device=device)}
     plain = torch.tensor([k == 0 for k in range(first, first + count)], device=device)
     generator = torch.Generator(device).manual_seed(seed + first)
-    carry = stacked_initial_carry(head, batch, [(0.0, 0)])
-    if search.start_noise:
-        noise = LatentNoise(torch.where(plain, 0.0, search.start_noise), generator)
-        carry = Carry(InnerCarry(*(noise(z) for z in (carry.inner_carry.z_H, carry.inner_carry.z_L))), carry.steps,
-                      carry.halted, carry.current_data)
-    inner = head.model.inner
-    inner.latent_noise = LatentNoise(torch.where(plain, 0.0, search.latent_noise), generator) \
-        if search.latent_noise else None
-    problems = RULES[task]
-    try:
-        for t, outputs in run_segments(head, carry, search.segments, stop):
-            grids = np.stack([view.back(row) for view, row in zip(views, outputs["logits"].argmax(-1).cpu().numpy())])
-            checked = search.check == "segment" or t == search.segments
-            passes = np.array([not problems(grid, tokens) for grid in grids]) if checked else None
-            yield Segment(t, grids, outputs["q_halt_logits"].float().cpu().numpy(), passes)
-    finally:
-        inner.latent_noise = None
+    with seeded_model_randomness(head, seed + first, device):  # an EqR model's own draws, seeded too
+        carry = stacked_initial_carry(head, batch, [(0.0, 0)])
+        if search.start_noise:
+            noise = LatentNoise(torch.where(plain, 0.0, search.start_noise), generator)
+            carry = Carry(InnerCarry(*(noise(z) for z in (carry.inner_carry.z_H, carry.inner_carry.z_L))), carry.steps,
+                          carry.halted, carry.current_data)
+        inner = head.model.inner
+        inner.latent_noise = LatentNoise(torch.where(plain, 0.0, search.latent_noise), generator) \
+            if search.latent_noise else None
+        problems = RULES[task]
+        try:
+            for t, outputs in run_segments(head, carry, search.segments, stop):
+                answers = outputs["logits"].argmax(-1).cpu().numpy()
+                grids = np.stack([view.back(row) for view, row in zip(views, answers)])
+                checked = search.check == "segment" or t == search.segments
+                passes = np.array([not problems(grid, tokens) for grid in grids]) if checked else None
+                yield Segment(t, grids, outputs["q_halt_logits"].float().cpu().numpy(), passes)
+        finally:
+            inner.latent_noise = None
