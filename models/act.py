@@ -200,6 +200,7 @@ class RecurrentCore(nn.Module):
             self.q_head.bias.fill_(-5)
 
     latent_noise: Optional["LatentNoise"] = None  # set by test-time search only; None: the references' recursion
+    stochastic = False  # whether the model draws random numbers of its own as it answers (TRM with EqR's settings)
 
     def perturb(self, z: torch.Tensor) -> torch.Tensor:
         """``z`` after one recursion update, with :attr:`latent_noise` added when test-time search set one."""

@@ -175,7 +175,7 @@ def seeded_model_randomness(head, seed: int, device: torch.device) -> Iterator[N
     drawn from torch's global generator as EqR draws it) draws it from ``seed``, and the global generator is
     restored afterwards: the model answers a batch the same way each time, and a training run's random stream is
     not moved by its evaluations. A model without such randomness (every reference setting) is left alone."""
-    if not getattr(head.model.inner, "stochastic", False):
+    if not head.model.inner.stochastic:
         yield
         return
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
