@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
 import numpy as np
-import torch
 
 from utils.data.user_puzzles import PuzzleInputError, parse_maze, parse_sudoku, puzzle_text
 from utils.device import select_device
@@ -134,6 +133,5 @@ class Solver:
     def _model(self, task: str, seq_len: int) -> Trained:
         key = (task, seq_len)
         if key not in self._models:
-            with torch.no_grad():
-                self._models[key] = open_model(self.checkpoint, task, seq_len, 1, self.device, self.dtype)
+            self._models[key] = open_model(self.checkpoint, task, seq_len, 1, self.device, self.dtype)
         return self._models[key]
