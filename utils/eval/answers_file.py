@@ -110,13 +110,17 @@ def read_rows(path: Path) -> Iterator[dict]:
                 yield row
 
 
-def summary(path: Path) -> dict[str, int]:
-    """Counts over every row of ``path``: ``answered`` lines, ``consistent`` answers, ``not_unique`` lines and
-    ``bad`` lines, and among the answered lines whose input gave an answer, ``labelled`` and ``exact`` (equal)."""
+def summary(path: Path, bad_lines_kept: int = 0) -> tuple[dict[str, int], list[str]]:
+    """Counts over every row of ``path``, in one pass: ``answered`` lines, ``consistent`` answers, ``not_unique``
+    lines and ``bad`` lines, and among the answered lines whose input gave an answer, ``labelled`` and ``exact``
+    (equal); and the line numbers of the first ``bad_lines_kept`` bad lines."""
     counts = dict.fromkeys(("answered", "consistent", "not_unique", "bad", "labelled", "exact"), 0)
+    bad_lines = []
     for row in read_rows(path):
         if row["verdict"].startswith(BAD_LINE):
             counts["bad"] += 1
+            if len(bad_lines) < bad_lines_kept:
+                bad_lines.append(row["line"])
             continue
         counts["answered"] += 1
         counts["consistent"] += row["verdict"] == "consistent"
@@ -124,4 +128,4 @@ def summary(path: Path) -> dict[str, int]:
         if row["file_answer"]:
             counts["labelled"] += 1
             counts["exact"] += row["answer"] == row["file_answer"]
-    return counts
+    return counts, bad_lines

@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.user_puzzles import FileEntry, iter_puzzle_file, puzzle_text
-from utils.eval.answers_file import BAD_LINE, AnswersFile, read_rows, summary
+from utils.eval.answers_file import BAD_LINE, AnswersFile, summary
 from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
 from utils.eval.solving import Answer, answer
 from utils.eval.stats import wilson_interval
@@ -135,13 +135,12 @@ def _write(answers: AnswersFile, row: dict, shown=None, found: Optional[Answer] 
 
 def _summarise(path: Path, budget: Optional[float]) -> int:
     """Print the closing summary of ``path`` (every row, earlier runs' included); the exit code."""
-    counts = summary(path)
+    counts, bad = summary(path, BAD_LINES_SHOWN)
     print(f"\n{counts['answered']} line(s) answered, {counts['consistent']} consistent, {counts['not_unique']} not "
           f"unique; {counts['bad']} bad line(s); answers in {path}")
     if counts["bad"]:
-        bad = [row["line"] for row in read_rows(path) if row["verdict"].startswith(BAD_LINE)]
-        print(f"bad lines: {', '.join(bad[:BAD_LINES_SHOWN])}{', …' if len(bad) > BAD_LINES_SHOWN else ''} (their "
-              f"reasons are in {path.name})")
+        print(f"bad lines: {', '.join(bad)}{', …' if counts['bad'] > BAD_LINES_SHOWN else ''} (their reasons are in "
+              f"{path.name})")
     if counts["labelled"]:
         low, high = wilson_interval(counts["exact"], counts["labelled"])
         how = protocol(budget) if budget is not None else "fixed compute"
