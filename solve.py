@@ -217,8 +217,7 @@ def solve_a_file(args: argparse.Namespace, task: str, path: Path, device, dtype,
     ttc = anytime_compute(args, test_time_compute(args, trained.cfg, keep_segments=True, task=task))
     check_budget(trained, ttc, args, device, 1)  # before any work
     how = (f"{protocol(args.budget)}, {default_search(trained, ttc).describe()}" if args.budget else
-           f"fixed: {ttc.segments or trained.cfg.arch['halt_max_steps']} segments x {ttc.rollouts} rollouts "
-           f"(noise {ttc.noise:g}) x {ttc.views} views, {'checked' if ttc.checker else 'model-only'} selection")
+           ttc.describe(trained.cfg.arch["halt_max_steps"]))
     settings = {"input": str(path.resolve()), "task": task, "model": str(trained.path), "protocol": how,
                 "precision": str(dtype).removeprefix("torch."), "seed": ttc.seed}
     shown = None
@@ -241,7 +240,7 @@ def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str],
     start = time.monotonic()
     answers = answer(trained, task, puzzles, ttc, device)
     seconds = time.monotonic() - start
-    passes = passes_of(ttc, trained)
+    passes = ttc.passes(trained.cfg.arch["halt_max_steps"])
     return (answers, [""] * len(answers), f"{passes:,} segment passes a puzzle in {seconds:.1f} s",
             passes * len(puzzles) / max(seconds, 1e-9))
 
@@ -289,11 +288,6 @@ def own_answer_note(solved, budget: float) -> str:
             f"{solved.own_seconds:.1f} s here; --budget {fits} holds it")
 
 
-def passes_of(ttc, trained) -> int:
-    """Segment passes a puzzle under fixed compute ``ttc``: segments x rollouts x views."""
-    return (ttc.segments or trained.cfg.arch["halt_max_steps"]) * ttc.rollouts * ttc.views
-
-
 def what_would_help(budget: Optional[float], ttc, trained, rate: float) -> str:
     """The last line when an answer is not consistent: more test-time compute, and about how long it takes here at
     ``rate``, the segment passes a second this command measured."""
@@ -302,7 +296,7 @@ def what_would_help(budget: Optional[float], ttc, trained, rate: float) -> str:
         return (f"more time may find a consistent answer: --budget {more:g} spends up to {more:g} s a puzzle (about "
                 f"{more * rate:,.0f} segment passes here)")
     rollouts = 4 * ttc.rollouts
-    seconds = passes_of(ttc, trained) * 4 / max(rate, 1e-9)
+    seconds = ttc.passes(trained.cfg.arch["halt_max_steps"]) * 4 / max(rate, 1e-9)
     return (f"more test-time compute may find a consistent answer: --rollouts {rollouts} (about {seconds:.0f} s a "
             f"puzzle here), or --budget 30: rollouts until an answer obeys the rules, up to 30 s a puzzle")
 

@@ -65,7 +65,9 @@ def test_a_file_of_sudokus_with_early_exit_rollouts_and_views(sudoku_run, tmp_pa
     rows = list(read_rows(out / "answers.csv"))
     assert [r["line"] for r in rows] == ["2", "3"] and "\nline 3: " in printed and (out / "sudoku_line3.gif").is_file()
     assert code == (0 if all(r["verdict"] == "consistent" for r in rows) else 1)
-    assert rows[0]["protocol"] == "fixed: 6 segment passes a puzzle, model-only selection"  # 2 segments x 3
+    assert rows[0]["protocol"].startswith("fixed: 2 segments x 3 rollouts (noise ")
+    assert rows[0]["protocol"].endswith(" x 1 views = 6 segment passes a puzzle, model-only selection")
+    assert json.loads((out / "answers.json").read_text())["protocol"] == rows[0]["protocol"]  # one text, both files
     code = solve.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--sudoku", str(puzzles), "--out",
                        str(tmp_path / "views"), "--views", "8"])
     rows = list(read_rows(tmp_path / "views" / "answers.csv"))

@@ -90,9 +90,7 @@ def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], t
     start = time.monotonic()
     found = iter(answer(trained, task, [(f"line {e.line}", e.tokens) for e in good], ttc, device) if good else [])
     seconds = (time.monotonic() - start) / max(len(good), 1)
-    passes = (ttc.segments or trained.cfg.arch["halt_max_steps"]) * ttc.rollouts * ttc.views
-    what = (f"fixed: {passes} segment passes a puzzle, "
-            f"{'checked' if ttc.checker is not None else 'model-only'} selection")
+    passes, what = ttc.passes(trained.cfg.arch["halt_max_steps"]), ttc.describe(trained.cfg.arch["halt_max_steps"])
     for entry in entries:
         if entry.error is not None:
             _write(answers, _bad_row(entry))

@@ -133,6 +133,18 @@ class TestTimeCompute:
         return cls(cfg.eval_halt_max_steps, cfg.eval_early_exit, cfg.eval_min_segments, cfg.eval_rollouts,
                    cfg.eval_noise, cfg.seed, keep_segments, getattr(cfg, "eval_views", 1))
 
+    def passes(self, halt_max_steps: int) -> int:
+        """Segment passes a puzzle costs: segments (the model's ``halt_max_steps`` when unset) x rollouts x views,
+        the count every fixed-compute figure states."""
+        return (self.segments or halt_max_steps) * self.rollouts * self.views
+
+    def describe(self, halt_max_steps: int) -> str:
+        """The fixed-compute protocol a figure carries, e.g. ``fixed: 4 segments x 16 rollouts (noise 0.5) x 1 views
+        = 64 segment passes a puzzle, model-only selection``."""
+        return (f"fixed: {self.segments or halt_max_steps} segments x {self.rollouts} rollouts (noise {self.noise:g}) "
+                f"x {self.views} views = {self.passes(halt_max_steps)} segment passes a puzzle, "
+                f"{'checked' if self.checker is not None else 'model-only'} selection")
+
     @property
     def plain(self) -> bool:
         """Whether this is the references' evaluation (all ``halt_max_steps`` segments, one rollout, one view)."""

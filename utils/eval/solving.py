@@ -319,7 +319,7 @@ def compute_budget(trained: Trained, device: torch.device, puzzles: int = 1,
     """
     flops = flops or flops_per_pass(trained)
     own = TestTimeCompute.of_run(trained.cfg)
-    own_passes = (own.segments or trained.cfg.arch["halt_max_steps"]) * own.rollouts * own.views
+    own_passes = own.passes(trained.cfg.arch["halt_max_steps"])
     puzzle_flops = PUZZLE_FLOPS.get(device.type, PUZZLE_FLOPS["cpu"])
     by_flops = puzzle_flops // flops
     if own_passes >= min(by_flops, MAX_PASSES):
