@@ -239,6 +239,21 @@ def test_evaluate_py_reports_the_anytime_protocol_on_its_own_line(sudoku_dir, ca
     assert any(line.strip().startswith("exact_accuracy:") for line in out)  # the model-only figure stays
 
 
+def test_a_longer_budget_also_reports_the_shorter_ones_as_lower_bounds():
+    """A 60 s run gives the 1 s and 6 s figures: an exact answer found by the cut-off counts, a late or wrong one
+    does not, and a cut-off at or past the budget is not reported (the run's own figure is the whole protocol)."""
+    exact, seconds = [True, True, True, False, True], [0.4, 1.0, 5.9, 0.1, 30.0]
+    assert anytime.solved_within(exact, seconds, 60.0) == {"anytime/solved_within_1s": 0.4,
+                                                           "anytime/solved_within_6s": 0.6}
+    assert anytime.solved_within(exact, seconds, 6.0) == {"anytime/solved_within_1s": 0.4}
+    assert anytime.solved_within([], [], 60.0) == {"anytime/solved_within_1s": 0.0, "anytime/solved_within_6s": 0.0}
+    metrics = {"anytime/exact_accuracy": 0.8, "anytime/exact_accuracy_ci95_low": 0.4,
+               "anytime/exact_accuracy_ci95_high": 0.96, "anytime/count": 5.0, "anytime/seconds_median": 1.0,
+               "anytime/seconds_p90": 20.0, "anytime/passes_median": 10.0, "anytime/passes_p90": 90.0,
+               **anytime.solved_within(exact, seconds, 60.0)}
+    assert anytime.anytime_line(metrics, 60.0).endswith("; within 1 s 0.4000; within 6 s 0.6000")
+
+
 def test_evaluate_py_max_examples_answers_that_many_not_a_training_batch(sudoku_dir, capsys):
     """--max-examples 2 used to answer a whole batch of the run's global_batch_size (64: two minutes with 16
     rollouts on a CPU) and count them all; now the batch is cut to it."""
