@@ -133,8 +133,9 @@ class Trainer:
         return counter.get_total_flops()
 
 
-def device_and_dtype(name: str) -> tuple[torch.device, torch.dtype, str]:
-    """The device ``--device`` names, the precision a run would pick on it and why.
+def device_and_dtype(name: str, forced: str = "auto") -> tuple[torch.device, torch.dtype, str]:
+    """The device ``--device`` names, the precision a run would pick on it (``forced``: ``--dtype``, as a run's
+    ``forward_dtype``) and why.
 
     Raises:
         DeviceError: ``name`` is not a device of this machine.
@@ -142,7 +143,7 @@ def device_and_dtype(name: str) -> tuple[torch.device, torch.dtype, str]:
     from utils.device import select_device, select_dtype
 
     device = select_device(name).device
-    dtype, why = select_dtype(device)
+    dtype, why = select_dtype(device, forced)
     return device, dtype, why
 
 
@@ -252,7 +253,7 @@ def reference_arch(arch: dict, dtype: torch.dtype) -> dict:
 def side_by_side_workers(name: str, arch: dict, batch_size: int, dtype: torch.dtype, args) -> dict[str, Worker]:
     """The four processes of one model: the project eager and compiled, the reference eager and compiled."""
     project = [str(Path(__file__).resolve()), "--worker", "--models", name, "--batch-size", str(batch_size),
-               "--warmup", str(args.warmup), *args.overrides]
+               "--warmup", str(args.warmup), "--dtype", args.dtype, *args.overrides]
     reference = [str(REPO / "scripts" / "reference_trm.py"), "--reference-dir", args.reference_dir]
     step = ["step-worker", "--arch", json.dumps(reference_arch(arch, dtype)), "--batch-size", str(batch_size),
             "--warmup", str(args.warmup)]
@@ -321,7 +322,7 @@ def serve_worker(args) -> int:
     """``--worker``: this process is one side of :func:`side_by_side_workers` (eager also counts the FLOPs)."""
     (name,) = args.models.split(",")
     arch, _ = recipe_arch(MODELS[name][0], args.overrides)
-    device, dtype, _ = device_and_dtype(args.device)
+    device, dtype, _ = device_and_dtype(args.device, args.dtype)
     trainer = Trainer(arch, args.batch_size, device, dtype)
     info = {"params": trainer.params}
     if args.no_compile:
@@ -385,6 +386,9 @@ def parse_args(argv: list[str] | None):
                              "same configuration, batch and dtype (TRM models, CPU; scripts/reference_trm.py)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default: cpu)")
+    parser.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                        help="the precision, as a run's forward_dtype (default auto: bf16 where the device runs it "
+                             "natively, else float32)")
     parser.add_argument("--batch-size", type=positive_int, default=None,
                         help=f"rows per step (default: {CPU_BATCH} on a CPU, each recipe's global_batch_size elsewhere)")
     parser.add_argument("--rounds", type=positive_int, default=5,
@@ -430,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     from utils.run.main import cli_main
 
     def body() -> int:
-        device, dtype, why = device_and_dtype(args.device)
+        device, dtype, why = device_and_dtype(args.device, args.dtype)
         args.gemm_size = args.gemm_size or (2048 if device.type == "cpu" else 8192)
         timing = (f"{args.profile} profiled steps per model" if args.profile else
                   f"median of {args.rounds} interleaved rounds; peak = {args.gemm_size}x{args.gemm_size} "

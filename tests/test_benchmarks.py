@@ -55,10 +55,12 @@ def test_step_benchmark_counts_the_matmul_flops_of_a_training_step_and_prints_it
     tiny = ["arch.hidden_size=32", "arch.expansion=2", "arch.H_cycles=2", "arch.L_cycles=1", "arch.puzzle_emb_ndim=32",
             "arch.puzzle_emb_len=1"]
     out = in_process(benchmark_step.main, "--device", "cpu", "--models", "trm_cpu", "--no-compile", "--rounds", "1",
-                     "--warmup", "1", "--batch-size", "2", "--gemm-size", "64", "--json", *tiny, capsys=capsys)
+                     "--warmup", "1", "--batch-size", "2", "--gemm-size", "64", "--json", "--dtype", "float32", *tiny,
+                     capsys=capsys)
     assert out.returncode == 0, out.stderr
     rows = {r["model"]: r for r in map(json.loads, (ln for ln in out.stdout.splitlines() if ln.startswith("{")))}
     assert set(rows) == {"trm_cpu"} and rows["trm_cpu"]["batch"] == 2
+    assert rows["trm_cpu"]["dtype"] == "float32" and "precision float32 (forced by forward_dtype)" in out.stdout
 
     # TRM-MLP by hand: 2 blocks (sequence-axis SwiGLU over T = 81 cells + 1 prefix, hidden-axis SwiGLU); one segment
     # runs H_cycles x (L_cycles + 1) = 4 forward calls, the last recursion's 2 calls are backpropagated (2 matmuls
