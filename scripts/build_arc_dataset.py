@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 
 from utils.cli import ArgumentParser  # noqa: E402
 from utils.data.arc import DATASETS, DEFAULT_SEED, build_arc_dataset  # noqa: E402
+from utils.data.common import add_output_arguments  # noqa: E402
 from utils.run.main import cli_main  # noqa: E402
 
 EPILOG = """\
@@ -48,12 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--extra-train", action="append", default=[], metavar="PATH",
                         help="a training-only task set: a *_challenges.json file (solutions beside it) or a folder "
                              "of task *.json files; repeatable, added after the official sets (e.g. ConceptARC)")
-    parser.add_argument("--output-dir", required=True, help="dataset directory to create")
+    add_output_arguments(parser)
     parser.add_argument("--num-aug", type=int, default=1000, help="augmented variants per task (default 1000, as TRM)")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"random seed (default {DEFAULT_SEED}, as TRM)")
     parser.add_argument("--max-tasks", type=int, metavar="N",
                         help="keep only the first N tasks of each task set (quick CPU runs; default: all)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
     args = parser.parse_args(argv)
     build_arc_dataset(args.output_dir, args.dataset, source_dir=args.source_dir, extra_train=tuple(args.extra_train),
                       num_aug=args.num_aug, seed=args.seed, max_tasks=args.max_tasks, overwrite=args.overwrite)

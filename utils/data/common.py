@@ -139,6 +139,13 @@ def add_source_arguments(parser, csv_help: str, generate_help: str, repo: str) -
                                            "records the commit it resolved to")
 
 
+def add_output_arguments(parser, what: str = "dataset directory to create") -> None:
+    """The builder flags that name where a dataset goes: ``--output-dir`` (required; ``what`` says what it becomes)
+    and ``--overwrite`` (replace an existing dataset there, :func:`check_output_dir`)."""
+    parser.add_argument("--output-dir", required=True, help=what)
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
+
+
 def add_to_metadata(directory: Path, key: str, value) -> None:
     """Add ``key: value`` to the split's ``dataset.json`` (the reference loaders ignore keys they do not know)."""
     path = directory / "dataset.json"

@@ -36,8 +36,8 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data import common
-from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
-                               csv_source, dihedral, staged_dataset, write_one_example_split)
+from utils.data.common import (add_output_arguments, add_source_arguments, add_to_metadata, check_output_dir,
+                               check_source_and_sizes, csv_source, dihedral, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import DatasetError
 from utils.cli import ArgumentParser, add_workers_argument
 
@@ -409,8 +409,7 @@ def main(argv: list[str] | None = None) -> Path:
     )
     add_source_arguments(parser, "the reference train.csv and test.csv (columns source,question,answer,rating; mazes "
                                  "over '# SGo', path marked 'o')", "generate hard mazes offline instead", HUB_REPO)
-    parser.add_argument("--output-dir", required=True, help="dataset directory to create")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
+    add_output_arguments(parser)
     parser.add_argument("--aug", action="store_true",
                         help="add the 8 dihedral transforms of each training maze, 8 one-example puzzles per group "
                              "(the reference --aug; the test set is never augmented)")

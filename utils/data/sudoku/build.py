@@ -49,8 +49,8 @@ from utils.data.sudoku import expert as sudoku_expert
 from utils.data.sudoku import grids as sudoku_grids
 from utils.data.sudoku import rating as sudoku_rating
 from utils.data.sudoku.symmetry import grid_fingerprints
-from utils.data.common import (add_source_arguments, add_to_metadata, check_output_dir, check_source_and_sizes,
-                               csv_source, staged_dataset, write_one_example_split)
+from utils.data.common import (add_output_arguments, add_source_arguments, add_to_metadata, check_output_dir,
+                               check_source_and_sizes, csv_source, staged_dataset, write_one_example_split)
 from utils.data.puzzle_dataset import RATINGS_FIELD, DatasetError, band_name, rating_bands
 from utils.cli import ArgumentParser, add_workers_argument
 
@@ -571,8 +571,7 @@ def main(argv: list[str] | None = None) -> Path:
     )
     add_source_arguments(parser, "Sudoku-Extreme train.csv and test.csv (columns source,question,answer,rating; "
                                  "'.' = blank)", "generate unique-solution puzzles offline instead", HUB_REPO)
-    parser.add_argument("--output-dir", required=True, help="dataset directory to create")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
+    add_output_arguments(parser)
     parser.add_argument("--subsample-size", type=int, help="keep this many random training puzzles (e.g. 1000 for the 1k recipe)")
     parser.add_argument("--num-aug", type=int, default=0,
                         help="augmented variants per training puzzle (default 0; the 1k recipe uses 1000)")

@@ -33,7 +33,7 @@ import numpy as np
 from utils.cli import ArgumentParser
 from utils.data.sudoku import grids as sudoku_grids
 from utils.data.sudoku import rating as sudoku_rating
-from utils.data.common import add_to_metadata, check_output_dir, staged_dataset
+from utils.data.common import add_output_arguments, add_to_metadata, check_output_dir, staged_dataset
 from utils.data.puzzle_dataset import RATINGS_FIELD, DatasetError
 from utils.data.sudoku.build import _write_split, rating_summary
 from utils.data.user_puzzles import PuzzleInputError, parse_sudoku
@@ -202,10 +202,9 @@ def main(argv: list[str] | None = None) -> Path:
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="example:\n  python scripts/build_outside_sudoku.py "
                                    "--output-dir data/sudoku-outside")
-    parser.add_argument("--output-dir", required=True, help="dataset directory to create (test split only)")
+    add_output_arguments(parser, "dataset directory to create (test split only)")
     parser.add_argument("--lists", nargs="+", type=Path, default=list(DEFAULT_LISTS),
                         help="list files, one puzzle per line (81 characters, then an optional name; # comments "
                              "give the source); default: the three in utils/data/sudoku/outside_puzzles/")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --output-dir")
     args = parser.parse_args(argv)
     return build_outside(args.output_dir, args.lists, args.overwrite)
