@@ -150,8 +150,9 @@ def test_a_real_file_streams_its_answers_with_no_bar_in_redirected_output(tmp_pa
     assert "█" not in done.stdout + done.stderr and "\r" not in done.stdout + done.stderr
     kept = rows(tmp_path / "out")
     assert [r["line"] for r in kept] == ["1", "2", "3", "4"] and kept[1]["verdict"].startswith("bad line")
-    assert all(r["precision"] == "float32" and r["protocol"].endswith(
-               " x 1 views = 8 segment passes a puzzle, model-only selection") and r["passes"] == "8" for r in kept if r is not kept[1]), kept
+    fixed = " x 1 views = 8 segment passes a puzzle, model-only selection"
+    assert all(r["precision"] == "float32" and r["protocol"].endswith(fixed) and r["passes"] == "8"
+               for r in kept if r is not kept[1]), kept
     assert list(csv.reader((tmp_path / "out" / "answers.csv").open()))[0] == list(COLUMNS)
     assert "3 line(s) answered" in done.stdout
 

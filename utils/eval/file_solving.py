@@ -90,7 +90,8 @@ def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], t
     start = time.monotonic()
     found = iter(answer(trained, task, [(f"line {e.line}", e.tokens) for e in good], ttc, device) if good else [])
     seconds = (time.monotonic() - start) / max(len(good), 1)
-    passes, what = ttc.passes(trained.cfg.arch["halt_max_steps"]), ttc.describe(trained.cfg.arch["halt_max_steps"])
+    halt_max_steps = trained.cfg.arch["halt_max_steps"]
+    passes, what = ttc.passes(halt_max_steps), ttc.describe(halt_max_steps)
     for entry in entries:
         if entry.error is not None:
             _write(answers, _bad_row(entry))

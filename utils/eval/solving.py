@@ -285,7 +285,7 @@ class ComputeBudget:
         """
         names = names or FLAG_NAMES
         segments = ttc.segments or halt_max_steps
-        passes = segments * ttc.rollouts * ttc.views
+        passes = ttc.passes(halt_max_steps)
         flags = [names.get(k, k) for k in ("segments", "rollouts", "views")]
         if passes > self.passes:
             raise TestTimeComputeError(
