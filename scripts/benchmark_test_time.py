@@ -182,6 +182,8 @@ def main(argv=None) -> int:
     parser.add_argument("--noise", type=number_in(0, 100), default=0.5, help="std of the rollouts' noise (default: 0.5)")
     parser.add_argument("--batch-size", type=positive_int, default=256, help="evaluation batch (default: 256)")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--forward-dtype", default="auto",
+                        help="auto, bfloat16 or float32 (default: auto, bf16 where the device runs it natively)")
     parser.add_argument("--json", help="also write the table here")
     parser.add_argument("--grid", action="store_true",
                         help="the whole --segments x --rollouts grid from one set of passes, model-only and checked")
@@ -198,10 +200,13 @@ def main(argv=None) -> int:
     if args.data_path is not None:
         load_metadata(args.data_path, "test")
     device = select_device(args.device).device
-    dtype, _ = select_dtype(device, "auto")
+    dtype, _ = select_dtype(device, args.forward_dtype)
     trained = load_trained(args.checkpoint, device, dtype, args.batch_size, args.data_path)
     data_path = args.data_path or (trained.cfg.data_paths_test or trained.cfg.data_paths)[0]
-    print(f"machine: {machine_line(device)}")
+    precision = str(dtype).removeprefix("torch.")
+    header = {"machine": machine_line(device), "precision": precision, "checkpoint": str(trained.path),
+              "data": data_path}
+    print(f"machine: {header['machine']}; precision {precision}")
     print(f"checkpoint: {trained.path} ({trained.note or 'as given'}); data: {data_path} (test)")
     if args.grid:
         rows = run_grid(trained, data_path, args, device)
@@ -209,8 +214,7 @@ def main(argv=None) -> int:
             grid_picture(rows, args.picture, f"{Path(str(trained.path)).name} on {Path(data_path).name}: "
                                              "test-time compute")
         if args.json:
-            Path(args.json).write_text(json.dumps({"machine": machine_line(device), "checkpoint": str(trained.path),
-                                                   "data": data_path, "grid": rows}, indent=1))
+            Path(args.json).write_text(json.dumps({**header, "grid": rows}, indent=1))
         return 0
     rows, baseline = [], None
     for name, ttc in policies(trained.head.model.config.halt_max_steps, args.segments, args.rollouts, args.noise,
@@ -230,8 +234,7 @@ def main(argv=None) -> int:
         print(f"| {name:<28} | {100 * r['exact_accuracy']:5.1f}% ({100 * r['ci95'][0]:.1f}-{100 * r['ci95'][1]:.1f}) "
               f"| {r['mean_segments']:5.2f} | {seconds:6.1f} s | {r['time_ratio']:5.2f}x |", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_line(device), "checkpoint": str(trained.path),
-                                               "data": data_path, "rows": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({**header, "rows": rows}, indent=1))
     return 0
 
 

@@ -150,14 +150,17 @@ def test_the_test_time_grid_agrees_with_evaluate_and_checked_is_never_worse(sudo
     out, picture = tmp_path / "grid.json", tmp_path / "grid.png"
     assert benchmark_test_time.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--grid", "--segments",
                                      "1,2,3", "--rollouts", "1,3", "--noise", "1.0", "--batch-size", "16", "--json",
-                                     str(out), "--picture", str(picture)]) == 0
-    rows = {(r["segments"], r["rollouts"]): r for r in json.loads(out.read_text())["grid"]}
+                                     str(out), "--picture", str(picture), "--forward-dtype", "float32"]) == 0
+    table = json.loads(out.read_text())
+    assert table["precision"] == "float32"
+    rows = {(r["segments"], r["rollouts"]): r for r in table["grid"]}
     assert set(rows) == {(s, k) for s in (1, 2, 3) for k in (1, 3)} and rows[(3, 3)]["passes"] == 9
     assert all(r["checked"] >= r["model"] and r["count"] == 16 for r in rows.values())
     capsys.readouterr()
     for s, k in ((2, 1), (3, 3)):  # the grid's model-only cells are evaluate.py's numbers for the same compute
         assert evaluate.main(["--device", "cpu", "--checkpoint", str(sudoku_run), "--segments", str(s), "--rollouts",
-                              str(k), "--noise", "1.0", "--batch-size", "16", "--json", "--checked"]) == 0
+                              str(k), "--noise", "1.0", "--batch-size", "16", "--json", "--checked",
+                              "--forward-dtype", "float32"]) == 0
         metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert rows[(s, k)]["model"] == pytest.approx(metrics["exact_accuracy"])
         assert rows[(s, k)]["checked"] == pytest.approx(metrics["checked/exact_accuracy"])
