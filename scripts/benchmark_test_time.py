@@ -82,12 +82,15 @@ def policies(halt_max_steps: int, segments: list[int], rollouts: list[int], nois
 
 
 class Grid:
-    """Exact answers on a grid of (segments S, rollouts K), model-only and checked, read off one set of passes."""
+    """Exact answers on a grid of (segments S, rollouts K), model-only and checked, read off one set of passes; and
+    the kept answers' blank-cell accuracy (``blank_accuracy`` as models/losses.py defines it: the supervised cells
+    whose input differs from the label), which still moves where few puzzles are solved whole."""
 
     def __init__(self, segments: list[int], rollouts: list[int]):
         self.segments, self.rollouts = sorted(segments), sorted(rollouts)
         shape = (len(self.segments), len(self.rollouts))
         self.right = {"model": torch.zeros(shape, dtype=torch.int64), "checked": torch.zeros(shape, dtype=torch.int64)}
+        self.blank = {name: torch.zeros(shape, dtype=torch.float64) for name in self.right}
         self.count = 0
 
     def add(self, runs, labels: torch.Tensor, inputs: torch.Tensor, checker) -> None:
@@ -95,26 +98,30 @@ class Grid:
         [B, T]); ``labels`` [B, L] (-100 unsupervised; rows without a label are padding)."""
         at = torch.tensor([s - 1 for s in self.segments])
         valid = (labels != -100).any(-1)
+        blanks = (labels != -100) & (inputs != labels)  # [B, L]
         self.count += int(valid.sum())
-        best = {}  # selection -> the kept answers' (q_halt, passes, right), each [B, nS]
+        best = {}  # selection -> the kept answers' (q_halt, passes, right, blank-cell accuracy), each [B, nS]
         for k, run in enumerate(runs, start=1):
             preds, q = run["segment_preds"][:, at].cpu(), run["segment_q_halt"][:, at].float().cpu()  # [B, nS, L], [B, nS]
             right = ((preds == labels[:, None]) | (labels[:, None] == -100)).all(-1) & valid[:, None]
+            blank = ((preds == labels[:, None]) & blanks[:, None]).sum(-1) / blanks.sum(-1, keepdim=True).clamp_min(1)
             passes = torch.stack([checker(inputs, preds[:, i]) for i in range(len(self.segments))], 1)
             for name in self.right:
                 if name in best:
-                    kept_q, kept_passes, _ = best[name]
+                    kept_q, kept_passes = best[name][:2]
                     better = q > kept_q if name == "model" else checked_better(passes, q, kept_passes, kept_q)
                     best[name] = tuple(torch.where(better, new, old) for new, old in
-                                       zip((q, passes, right), best[name]))
+                                       zip((q, passes, right, blank), best[name]))
                 else:
-                    best[name] = (q, passes, right)
+                    best[name] = (q, passes, right, blank)
             if k in self.rollouts:
-                for name, (_, _, kept_right) in best.items():
+                for name, (_, _, kept_right, kept_blank) in best.items():
                     self.right[name][:, self.rollouts.index(k)] += kept_right.sum(0)
+                    self.blank[name][:, self.rollouts.index(k)] += (kept_blank * valid[:, None]).sum(0).double()
 
     def rows(self) -> list[dict]:
-        """One dict per (S, K): exact accuracy and its 95% interval under both selections."""
+        """One dict per (S, K): exact accuracy and its 95% interval under both selections (``model``, ``checked``),
+        and the blank-cell accuracy of each (``model_blank``, ``checked_blank``)."""
         out = []
         for i, s in enumerate(self.segments):
             for j, k in enumerate(self.rollouts):
@@ -123,6 +130,7 @@ class Grid:
                     n = int(right[i, j])
                     row[name] = n / max(self.count, 1)
                     row[f"{name}_ci95"] = list(wilson_interval(n, self.count))
+                    row[f"{name}_blank"] = float(self.blank[name][i, j]) / max(self.count, 1)
                 out.append(row)
         return out
 
@@ -143,11 +151,13 @@ def run_grid(trained, data_path: str, args, device) -> list[dict]:
             if args.max_examples and grid.count >= args.max_examples:
                 break
     rows = grid.rows()
-    print(f"exact accuracy on {grid.count} puzzles, model-only / checked selection (noise {args.noise}):")
-    print("| segments | " + " | ".join(f"K={k}" for k in grid.rollouts) + " |\n|---|" + "---|" * len(grid.rollouts))
-    for s in grid.segments:
-        cells = [r for r in rows if r["segments"] == s]
-        print(f"| {s} | " + " | ".join(f"{100 * r['model']:.1f}% / {100 * r['checked']:.1f}%" for r in cells) + " |")
+    for what, key in (("exact accuracy", ""), ("blank-cell accuracy", "_blank")):
+        print(f"{what} on {grid.count} puzzles, model-only / checked selection (noise {args.noise}):")
+        print("| segments | " + " | ".join(f"K={k}" for k in grid.rollouts) + " |\n|---|" + "---|" * len(grid.rollouts))
+        for s in grid.segments:
+            cells = [r for r in rows if r["segments"] == s]
+            print(f"| {s} | " + " | ".join(f"{100 * r['model' + key]:.1f}% / {100 * r['checked' + key]:.1f}%"
+                                           for r in cells) + " |")
     return rows
 
 

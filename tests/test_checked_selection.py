@@ -164,4 +164,6 @@ def test_the_test_time_grid_agrees_with_evaluate_and_checked_is_never_worse(sudo
         metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert rows[(s, k)]["model"] == pytest.approx(metrics["exact_accuracy"])
         assert rows[(s, k)]["checked"] == pytest.approx(metrics["checked/exact_accuracy"])
+        assert rows[(s, k)]["model_blank"] == pytest.approx(metrics["blank_accuracy"])
+        assert rows[(s, k)]["checked_blank"] == pytest.approx(metrics["checked/blank_accuracy"])
     assert Image.open(picture).size == (880, 520)
