@@ -177,3 +177,16 @@ def test_a_second_solve_into_the_same_out_is_refused_while_the_first_writes(tmp_
     assert err == f"error: another solve.py is answering into {answers}: wait for it to end (this command then " \
                   "continues the file), or give another --out"
     assert answers.read_bytes() == whole
+
+
+def test_a_labelled_file_names_its_fixed_compute_protocol_in_the_accuracy_line(tmp_path, capsys):
+    solutions = ["".join(map(str, search([0 if c in ".0" else int(c) for c in p]).solution)) for p in TOP95[:2]]
+    csv_file = tmp_path / "extreme.csv"
+    csv_file.write_text("source,question,answer\n" + "".join(f"x,{p},{s}\n" for p, s in zip(TOP95, solutions)))
+    assert solve.main(["--sudoku", str(csv_file), "--out", str(tmp_path / "out"), *CPU_FLAGS, "--budget", "0",
+                       "--rollouts", "1", "--segments", "1"]) in (0, 1)
+    kept = rows(tmp_path / "out")
+    line = next(t for t in capsys.readouterr().out.splitlines() if t.startswith("exact accuracy against"))
+    assert {r["protocol"] for r in kept} == {"fixed: 1 segments x 1 rollouts (noise 0) x 1 views = 1 segment passes "
+                                             "a puzzle, model-only selection"}
+    assert f"({kept[0]['protocol']}): " in line and line.endswith("n=2)")

@@ -80,7 +80,8 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
     finally:
         bar.close()
         answers.close()
-    return _summarise(answers.path, budget)
+    how = protocol(budget) if budget is not None else ttc.describe(trained.cfg.arch["halt_max_steps"])
+    return _summarise(answers.path, how)
 
 
 def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], ttc, device, precision: str,
@@ -132,8 +133,9 @@ def _write(answers: AnswersFile, row: dict, shown=None, found: Optional[Answer] 
         shown(found, entry)
 
 
-def _summarise(path: Path, budget: Optional[float]) -> int:
-    """Print the closing summary of ``path`` (every row, earlier runs' included); the exit code."""
+def _summarise(path: Path, how: str) -> int:
+    """Print the closing summary of ``path`` (every row, earlier runs' included), its accuracy line naming the
+    protocol ``how`` as the rows do; the exit code."""
     counts, bad = summary(path, BAD_LINES_SHOWN)
     print(f"\n{counts['answered']} line(s) answered, {counts['consistent']} consistent, {counts['not_unique']} not "
           f"unique; {counts['bad']} bad line(s); answers in {path}")
@@ -142,7 +144,6 @@ def _summarise(path: Path, budget: Optional[float]) -> int:
               f"{path.name})")
     if counts["labelled"]:
         low, high = wilson_interval(counts["exact"], counts["labelled"])
-        how = protocol(budget) if budget is not None else "fixed compute"
         print(f"exact accuracy against the file's answers ({how}): {counts['exact'] / counts['labelled']:.4f} (95% CI "
               f"{low:.2f}-{high:.2f}, n={counts['labelled']})")
     if counts["consistent"] < counts["answered"]:
