@@ -55,6 +55,7 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
     if answers.answered:
         print(f"continuing {answers.path}: {len(answers.answered)} line(s) answered before", flush=True)
     precision = settings["precision"]
+    how = protocol(budget) if budget is not None else ttc.describe(trained.cfg.arch["halt_max_steps"])
     bar = tqdm(desc=path.name, unit="puzzle", disable=quiet or not sys.stderr.isatty(), leave=False)
     pending: list[FileEntry] = []
     try:
@@ -67,38 +68,37 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
             if budget is None:  # rows keep the file's order: a bad line waits for the puzzles before it
                 pending.append(entry)
                 if sum(e.error is None for e in pending) == FIXED_BATCH:
-                    _fixed(answers, trained, task, pending, ttc, device, precision, shown)
+                    _fixed(answers, trained, task, pending, ttc, device, precision, how, shown)
             elif entry.error is not None:
                 _write(answers, _bad_row(entry))
             else:
                 solved = solve_anytime(trained, task, f"line {entry.line}", entry.tokens, budget, ttc, device)
-                _write(answers, _row(task, entry, solved.answer, solved.ended, protocol(budget), precision,
+                _write(answers, _row(task, entry, solved.answer, solved.ended, how, precision,
                                      solved.spent.passes, solved.spent.seconds), shown, solved.answer, entry)
             bar.update(1)
         if pending:
-            _fixed(answers, trained, task, pending, ttc, device, precision, shown)
+            _fixed(answers, trained, task, pending, ttc, device, precision, how, shown)
     finally:
         bar.close()
         answers.close()
-    how = protocol(budget) if budget is not None else ttc.describe(trained.cfg.arch["halt_max_steps"])
     return _summarise(answers.path, how)
 
 
-def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], ttc, device, precision: str,
+def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], ttc, device, precision: str, how: str,
            shown) -> None:
-    """Answer ``entries`` together under fixed compute and write their rows (then empty the list)."""
+    """Answer ``entries`` together under fixed compute and write their rows, naming the protocol ``how`` (then empty
+    the list)."""
     good = [e for e in entries if e.error is None]
     start = time.monotonic()
     found = iter(answer(trained, task, [(f"line {e.line}", e.tokens) for e in good], ttc, device) if good else [])
     seconds = (time.monotonic() - start) / max(len(good), 1)
-    halt_max_steps = trained.cfg.arch["halt_max_steps"]
-    passes, what = ttc.passes(halt_max_steps), ttc.describe(halt_max_steps)
+    passes = ttc.passes(trained.cfg.arch["halt_max_steps"])
     for entry in entries:
         if entry.error is not None:
             _write(answers, _bad_row(entry))
         else:
             one = next(found)
-            _write(answers, _row(task, entry, one, "", what, precision, passes, seconds), shown, one, entry)
+            _write(answers, _row(task, entry, one, "", how, precision, passes, seconds), shown, one, entry)
     entries.clear()
 
 
