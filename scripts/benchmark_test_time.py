@@ -117,7 +117,7 @@ class Grid:
             if k in self.rollouts:
                 for name, (_, _, kept_right, kept_blank) in best.items():
                     self.right[name][:, self.rollouts.index(k)] += kept_right.sum(0)
-                    self.blank[name][:, self.rollouts.index(k)] += (kept_blank * valid[:, None]).sum(0).double()
+                    self.blank[name][:, self.rollouts.index(k)] += kept_blank.sum(0).double()  # padding: no blanks, 0
 
     def rows(self) -> list[dict]:
         """One dict per (S, K): exact accuracy and its 95% interval under both selections (``model``, ``checked``),
