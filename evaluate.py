@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from utils.distributed import Dist
     from utils.eval.precision import precision_line, solving_dtype
     from utils.eval.arc import ARC, write_results
-    from utils.eval.load import load_trained
+    from utils.eval.load import load_trained, resolve_checkpoint
     from utils.eval.puzzle import evaluate_puzzles
     from utils.eval.reasoning import check_test_time_flags, test_time_compute
     from utils.viz.puzzles import known_task
@@ -157,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_budget_s(args.budget)
     check_test_time_flags(args)  # before the checkpoint loads; again below, against its run
+    resolve_checkpoint(args.checkpoint)  # the inputs are there, before the device is chosen and the model loads
     if args.data_path is not None:
         load_metadata(args.data_path, "test")
     device = select_device(args.device).device

@@ -153,6 +153,27 @@ def test_evaluate_flag(trained_run, tmp_path, capsys, flags, fragment):
                                                              *(f.format(**paths) for f in flags)])), fragment)
 
 
+@pytest.mark.parametrize("name,content,fragment", [
+    ("missing.pt", None, "does not exist"),
+    ("empty.pt", b"", "is empty (0 bytes"),
+    ("notes.pt", b"hello", "is not a PyTorch checkpoint"),
+])
+def test_evaluate_refuses_a_bad_checkpoint_file_before_choosing_the_device(tmp_path, capsys, monkeypatch, name,
+                                                                            content, fragment):
+    """A checkpoint file that cannot be one is refused by its path alone, before ``select_device`` calls into torch."""
+    import utils.device
+
+    def device_chosen(*args, **kwargs):
+        raise AssertionError("select_device ran before the checkpoint file was checked")
+
+    monkeypatch.setattr(utils.device, "select_device", device_chosen)
+    if content is not None:
+        (tmp_path / name).write_bytes(content)
+    capsys.readouterr()
+    assert_one_line(capsys, exit_code(lambda: evaluate.main(["--device", "cpu", "--checkpoint", str(tmp_path / name)])),
+                    fragment)
+
+
 @pytest.mark.parametrize("flags,fragment", [
     (["--generate", "--train-size", "0"], "--train-size must be >= 1, got 0"),
     (["--generate", "--train-size", "lots"], "argument --train-size: invalid int value: 'lots'"),

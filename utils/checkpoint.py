@@ -36,11 +36,12 @@ def payload_bytes(obj: Any) -> int:
     return 64
 
 
-def safe_load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
-    """Load a checkpoint with ``weights_only=True``.
+def check_checkpoint_file(path: str | os.PathLike) -> Path:
+    """``path`` as a Path, after the checks that need no unpickling: a file that exists, is not empty and starts
+    as ``torch.save`` writes (a zip archive, or long ago a raw pickle). Cheap, so commands run it before any work.
 
     Raises:
-        CheckpointError: the file is missing or empty, truncated/corrupt, or needs arbitrary code to unpickle.
+        CheckpointError: a directory, a missing or empty file, or one in another format.
     """
     path = Path(path)
     if path.is_dir():
@@ -51,8 +52,18 @@ def safe_load(path: str | os.PathLike, map_location: str | torch.device = "cpu")
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes; a write was cut off); delete it or pick another")
     with open(path, "rb") as f:
         magic = f.read(2)
-    if magic != b"PK" and magic[:1] != b"\x80":  # torch.save writes a zip archive (or, long ago, a raw pickle)
+    if magic != b"PK" and magic[:1] != b"\x80":
         raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither a zip archive nor a pickle); pick another file")
+    return path
+
+
+def safe_load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
+    """Load a checkpoint with ``weights_only=True``.
+
+    Raises:
+        CheckpointError: the file is missing or empty, truncated/corrupt, or needs arbitrary code to unpickle.
+    """
+    path = check_checkpoint_file(path)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:

@@ -28,7 +28,7 @@ from models import build_model, validate_arch
 from models.checkpoints import load_model_weights
 from utils.config import ConfigError, PretrainConfig, build_config, to_dict
 from utils.data.puzzle_dataset import load_metadata
-from utils.checkpoint import CheckpointError, safe_load
+from utils.checkpoint import CheckpointError, check_checkpoint_file, safe_load
 from utils.run.run_dir import PLAN, newest_loadable, read_manifest, recorded_checkpoints
 
 log = logging.getLogger(__name__)
@@ -124,7 +124,8 @@ def resolve_checkpoint(spec: str) -> tuple[Path, str]:
     or ``hf://owner/repo[/file]`` (see :func:`utils.hub.resolve_checkpoint`).
 
     Raises:
-        CheckpointError: nothing there, or a run directory without a checkpoint.
+        CheckpointError: nothing there, a file that is empty or not a checkpoint (:func:`check_checkpoint_file`), or
+            a run directory without a checkpoint.
     """
     if spec.startswith("hf://"):
         from utils.hub import resolve_checkpoint as from_hub  # only Hub users need huggingface_hub at import
@@ -133,7 +134,7 @@ def resolve_checkpoint(spec: str) -> tuple[Path, str]:
         return path, f"{spec} -> {path}"
     path = Path(spec)
     if not path.is_dir():
-        return path, ""
+        return check_checkpoint_file(path), ""
     run = newest_run(path)
     if run is not None:
         found, why = resolve_checkpoint(str(run))
