@@ -3,6 +3,7 @@ answered side by side (utils/eval/reasoning.py), on the CPU with the bundled Sud
 a fake one that moves a fixed step each time it is read, so a budget's rounds never depend on the machine's pace."""
 
 import dataclasses
+import logging
 import threading
 from pathlib import Path
 
@@ -229,14 +230,23 @@ def test_solve_py_refuses_budgets_it_cannot_keep(tmp_path, capsys):
         assert wanted in capsys.readouterr().err
 
 
-def test_evaluate_py_reports_the_anytime_protocol_on_its_own_line(sudoku_dir, capsys):
+def test_evaluate_py_reports_the_anytime_protocol_on_its_own_line(sudoku_dir, capsys, caplog, monkeypatch):
+    """... and, its stderr not a terminal (captured here, as a redirected log), progress lines instead of a bar: one
+    a puzzle with the interval at 0."""
+    monkeypatch.setattr(anytime, "PROGRESS_LOG_S", 0.0)
     bundled = str(solving.bundled_checkpoint("sudoku"))
-    assert evaluate.main(["--checkpoint", bundled, "--data-path", str(sudoku_dir), "--device", "cpu",
-                          "--max-examples", "3", "--budget", "2", "--batch-size", "4"]) == 0
+    with caplog.at_level(logging.INFO, logger=anytime.__name__):
+        assert evaluate.main(["--checkpoint", bundled, "--data-path", str(sudoku_dir), "--device", "cpu",
+                              "--max-examples", "3", "--budget", "2", "--batch-size", "4"]) == 0
     out = capsys.readouterr().out.splitlines()
     line = next(line for line in out if line.startswith("checked, anytime, <=2 s a puzzle: solved "))
     assert "(95% CI " in line and "n=3)" in line and "seconds median" in line and "segment passes median" in line
     assert any(line.strip().startswith("exact_accuracy:") for line in out)  # the model-only figure stays
+    progress = [r.getMessage() for r in caplog.records if r.name == anytime.__name__ and " of 3 puzzles" in r.getMessage()]
+    assert [m.split(": ", 1)[1].split(" puzzles")[0] for m in progress] == ["1 of 3", "2 of 3", "3 of 3"], progress
+    assert all(m.startswith("checked, anytime, <=2 s a puzzle: ") and " solved exactly, " in m for m in progress)
+    solved = [int(m.split(" puzzles, ")[1].split(" solved")[0]) for m in progress]
+    assert solved == sorted(solved) and all(n <= done for n, done in zip(solved, (1, 2, 3))), progress
 
 
 def test_a_longer_budget_also_reports_the_shorter_ones_as_lower_bounds():

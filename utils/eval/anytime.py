@@ -27,6 +27,7 @@ This is not the references' protocol (they take the model's one answer): a figur
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import sys
 import time
@@ -47,7 +48,10 @@ from utils.eval.solving import Answer
 from utils.eval.stats import with_interval
 
 MAX_BUDGET_S = 24 * 3600.0
+log = logging.getLogger(__name__)
+
 CUTOFFS_S = (1.0, 6.0, 60.0)  # the shorter budgets a longer run also reports: the GPU's 1 s, solve.py's 6 s, 60 s
+PROGRESS_LOG_S = 60.0  # in a redirected log, a progress line at most this often instead of a bar
 UNSOLVABLE = {"sudoku": "this Sudoku has no solution (an exact search found none): no answer can obey its rules",
               "maze": "S and G are not connected in this maze: no path can be marked"}
 
@@ -236,7 +240,8 @@ def evaluate_anytime(trained: Trained, task: str, loader, budget_s: float, ttc: 
                      device: torch.device, max_examples: Optional[int] = None) -> dict[str, float]:
     """Solve each test puzzle of ``loader`` (a :class:`utils.data.puzzle_dataset.PuzzleDataset` split, one process)
     by :func:`solve_anytime` under ``budget_s`` seconds, one puzzle at a time, and score the kept answers against the
-    labels.
+    labels. Progress: a bar on a terminal; in a redirected log, a line at most every :data:`PROGRESS_LOG_S` seconds
+    (puzzles done, solved so far, seconds spent), so a long run is never silent.
 
     Returns:
         ``anytime/exact_accuracy`` (the fraction whose answer equals the label on every labelled cell) with its 95%
@@ -247,8 +252,9 @@ def evaluate_anytime(trained: Trained, task: str, loader, budget_s: float, ttc: 
     """
     exact, consistent, seconds, passes = [], [], [], []
     total = loader.num_examples if max_examples is None else min(max_examples, loader.num_examples)
+    last_line = time.monotonic()
     with tqdm(total=total, desc=protocol(budget_s), unit="puzzle", leave=False,
-              disable=not sys.stderr.isatty()) as bar:  # a bar only on a terminal, never in a redirected log
+              disable=not sys.stderr.isatty()) as bar:  # a bar only on a terminal; a log gets lines (below)
         for _set_name, batch, effective in loader:
             for tokens, labels in zip(batch["inputs"][:effective].numpy(), batch["labels"][:effective].numpy()):
                 if len(exact) == total:
@@ -261,6 +267,10 @@ def evaluate_anytime(trained: Trained, task: str, loader, budget_s: float, ttc: 
                 seconds.append(solved.spent.seconds)
                 passes.append(solved.spent.passes)
                 bar.update(1)
+                if bar.disable and time.monotonic() - last_line >= PROGRESS_LOG_S:  # a long run is never silent
+                    log.info("%s: %d of %d puzzles, %d solved exactly, %.0f s spent", protocol(budget_s),
+                             len(exact), total, sum(exact), sum(seconds))
+                    last_line = time.monotonic()
             if len(exact) == total:
                 break
     n = len(exact)
