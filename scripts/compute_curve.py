@@ -115,8 +115,9 @@ def compare(args) -> int:
     for label, points in list(curves.items())[1:]:
         reached = first_reaching(points, target)
         if reached is None:
-            print(f"{label}: never reached {target:.4f} (best {max(v for _, v, _ in points):.4f} after "
-                  f"{points[-1][0]:.4g} PFLOP)")
+            best_pflop, best, _ = max(points, key=lambda point: point[1])
+            print(f"{label}: never reached {target:.4f} (best {best:.4f} at {best_pflop:.4g} PFLOP, of "
+                  f"{points[-1][0]:.4g} in all)")
         else:
             # A baseline evaluated before any training (step 0, or a run that only evaluated) spent no FLOPs: no ratio.
             ratio = (f" = {reached[0] / base_pflop:.2f}x the {base_label}'s training FLOPs" if base_pflop > 0 else

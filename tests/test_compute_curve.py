@@ -48,6 +48,15 @@ def test_campaign5_p19_nan_and_infinity_are_left_out_and_said(runs, tmp_path, ca
                     "no evaluation logged eval/train_pflop and eval/exact_accuracy as finite numbers")
 
 
+def test_a_run_that_never_reaches_the_baseline_names_where_its_best_was(runs, tmp_path, capsys):
+    """The restart run of issue 64 peaked before its last evaluation: the line gives the peak's PFLOP, not the end's."""
+    base, _ = runs
+    peaked = run_dir(tmp_path / "peaked", '{"step": 1, "eval/train_pflop": 0.5, "eval/exact_accuracy": 0.4}',
+                     '{"step": 2, "eval/train_pflop": 1.0, "eval/exact_accuracy": 0.3}')
+    assert compute_curve.main(["--run", f"base={base}", "--run", f"peaked={peaked}"]) == 0
+    assert "peaked: never reached 0.5000 (best 0.4000 at 0.5 PFLOP, of 1 in all)" in capsys.readouterr().out
+
+
 def test_campaign5_p19_a_picture_name_without_png_is_one_line_before_any_work(runs, tmp_path, capsys):
     base, _ = runs
     for name in ("curve", "curve.jpeg"):
