@@ -100,6 +100,36 @@ def _cuda_only_where_named(request):
                                                  "(or --device cpu), or mark it gpu")
 
 
+def release_abandoned_progress_locks() -> int:
+    """Release what the calling thread still holds of tqdm's write lock (a cross-process and a thread lock, taken
+    together for every bar's draw), and return how many holds that was.
+
+    An exception raised from a signal handler (tests/test_every_flag.py's clock raises ``Reached`` from SIGALRM; a
+    trainer's at-once stop raises too) lands wherever the thread is. Inside tqdm, between taking the lock and giving
+    it back (the lock's ``acquire`` takes its two locks one after the other, and ``refresh`` has no ``finally``), the
+    hold is never given back. The thread that took it goes on drawing bars (both locks are re-entrant), but any other
+    thread waits for ever at its next bar. tests/test_progress_locks.py shows it; tqdm/tqdm issues #627 and #1500
+    report such hangs. In one CI run the page's ARC adaptation, which runs in a server thread, hung at its first bar
+    for 300 s; this is the likely way, not a proven one."""
+    from tqdm import tqdm
+
+    released = 0
+    for held in getattr(getattr(tqdm, "_lock", None), "locks", ()):
+        mine = held._semlock._is_mine if hasattr(held, "_semlock") else held._is_owned
+        while mine():
+            held.release()
+            released += 1
+    return released
+
+
+@pytest.fixture(autouse=True)
+def _progress_locks_given_back():
+    """Between tests no bar is being drawn in the main thread, so whatever it holds of tqdm's lock was abandoned by a
+    stop (:func:`release_abandoned_progress_locks`): give it back, so later tests' threads can draw bars."""
+    yield
+    release_abandoned_progress_locks()
+
+
 def make_sudoku(tmp_path_factory, train_size: int, test_size: int):
     """Build easy unique-solution Sudoku (1 augmentation per puzzle) into a fresh temp directory."""
     path = tmp_path_factory.mktemp("data") / "sudoku"
