@@ -5,12 +5,14 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import weakref
 
 import pytest
 import torch
 
+from utils.run import stop as stop_module
 from utils.run.stop import REDELIVER_S, GracefulStop, StoppedAtOnce, quiet_worker, start_workers
 
 
@@ -53,6 +55,20 @@ def test_a_stop_that_was_not_dropped_is_not_repeated_after_the_block():
                 time.sleep(5)
         time.sleep(3 * REDELIVER_S)  # a repeat would come here: as a second Ctrl-C, a KeyboardInterrupt
     assert stop.signal_name == "SIGINT" and stop.exit_code == 130
+
+
+def test_leaving_the_stop_ends_its_pending_repeats(monkeypatch):
+    """A repeat left running after ``with`` would run the handler put back there: Python's own for SIGINT, a
+    KeyboardInterrupt in whatever runs next (a later test's xdist worker went down with one in CI)."""
+    monkeypatch.setattr(stop_module, "REDELIVER_S", 3600)  # the repeat would come long after this test
+    with GracefulStop() as stop:
+        with pytest.raises(StoppedAtOnce):
+            with stop.at_once():
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+        repeats = [t for t in threading.enumerate() if isinstance(t, threading.Timer) and t.is_alive()]
+        assert len(repeats) == 1
+    assert not repeats[0].is_alive()  # cancelled and waited for before the handlers were put back
 
 
 def test_outside_the_block_a_signal_asks_for_a_stop_after_the_step_and_a_second_ctrl_c_interrupts():

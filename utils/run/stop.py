@@ -65,6 +65,7 @@ class GracefulStop:
         self._at_once = False
         self._during = FIRST_STEP
         self._redelivered = False  # the handler's next call is a repeat from _raise_again_later
+        self._repeats: list[threading.Timer] = []
 
     @contextlib.contextmanager
     def at_once(self, when: bool = True, during: str = FIRST_STEP) -> Iterator[None]:
@@ -96,6 +97,13 @@ class GracefulStop:
         return self
 
     def __exit__(self, *exc) -> None:
+        # A repeat must not outlive this handler: its interrupt would run the handler put back below (Python's own
+        # for SIGINT: a KeyboardInterrupt in whatever runs next). One under way is waited for, and signal.signal
+        # runs a pending handler (this one) before it replaces it.
+        for repeat in self._repeats:
+            repeat.cancel()
+            repeat.join()
+        self._repeats.clear()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
@@ -122,6 +130,7 @@ class GracefulStop:
 
         timer = threading.Timer(REDELIVER_S, again)
         timer.daemon = True
+        self._repeats = [repeat for repeat in self._repeats if repeat.is_alive()] + [timer]
         timer.start()
 
 
