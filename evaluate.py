@@ -157,13 +157,13 @@ def run(args: argparse.Namespace) -> int:
 
         check_budget_s(args.budget)
     check_test_time_flags(args)  # before the checkpoint loads; again below, against its run
-    resolve_checkpoint(args.checkpoint)  # the inputs are there, before the device is chosen and the model loads
+    resolved = resolve_checkpoint(args.checkpoint)  # the inputs are there, before the device is chosen
     if args.data_path is not None:
         load_metadata(args.data_path, "test")
     device = select_device(args.device).device
     dtype, why = solving_dtype(device, args.forward_dtype)
     log.info(precision_line(device, dtype, why))
-    trained = load_trained(args.checkpoint, device, dtype, args.batch_size or 1, args.data_path)
+    trained = load_trained(args.checkpoint, device, dtype, args.batch_size or 1, args.data_path, resolved=resolved)
     if trained.note:
         log.info("evaluating %s", trained.note)
     path, cfg = trained.path, trained.cfg

@@ -206,12 +206,12 @@ def main(argv=None) -> int:
             check_writable_file(getattr(args, flag), f"--{flag}")
     if args.noise == 0 and (max(args.rollouts) > 1 or any(k > 1 for k, _ in args.combined)):
         parser.error("--noise 0 with more than one rollout: identical rollouts would add nothing; give --noise > 0")
-    resolve_checkpoint(args.checkpoint)  # the inputs are there, before the device is chosen and the model loads
+    resolved = resolve_checkpoint(args.checkpoint)  # the inputs are there, before the device is chosen
     if args.data_path is not None:
         load_metadata(args.data_path, "test")
     device = select_device(args.device).device
     dtype, _ = select_dtype(device, args.forward_dtype)
-    trained = load_trained(args.checkpoint, device, dtype, args.batch_size, args.data_path)
+    trained = load_trained(args.checkpoint, device, dtype, args.batch_size, args.data_path, resolved=resolved)
     data_path = args.data_path or (trained.cfg.data_paths_test or trained.cfg.data_paths)[0]
     precision = str(dtype).removeprefix("torch.")
     header = {"machine": machine_line(device), "precision": precision, "checkpoint": str(trained.path),

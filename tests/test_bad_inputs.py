@@ -2,6 +2,7 @@
 missing path. Each must end with exit code 2 and one ``error:`` line, never a traceback."""
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -172,6 +173,20 @@ def test_evaluate_refuses_a_bad_checkpoint_file_before_choosing_the_device(tmp_p
     capsys.readouterr()
     assert_one_line(capsys, exit_code(lambda: evaluate.main(["--device", "cpu", "--checkpoint", str(tmp_path / name)])),
                     fragment)
+
+
+def test_evaluate_skips_a_damaged_newest_checkpoint_once(trained_run, tmp_path, caplog):
+    """A folder of step checkpoints whose newest was cut off: evaluate.py takes the one before, and says so once (it
+    resolves the folder before choosing the device, and the model loads from that resolution)."""
+    run = tmp_path / "steps"
+    run.mkdir()
+    shutil.copy(trained_run / "step_8.pt", run / "step_8.pt")
+    (run / "step_16.pt").write_bytes(b"")  # a write cut short
+    caplog.set_level(logging.INFO)
+    assert evaluate.main(["--device", "cpu", "--checkpoint", str(run), "--max-examples", "2"]) == 0
+    skipped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("skipping")]
+    assert len(skipped) == 1 and "step_16.pt is empty" in skipped[0], skipped
+    assert "evaluating the run's newest checkpoint step_8.pt" in caplog.text
 
 
 @pytest.mark.parametrize("flags,fragment", [

@@ -205,8 +205,13 @@ class Trained:
 
 
 def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size: int,
-                 data_path: Optional[str] = None, seq_len: Optional[int] = None) -> Trained:
+                 data_path: Optional[str] = None, seq_len: Optional[int] = None,
+                 resolved: Optional[tuple[Path, str]] = None) -> Trained:
     """Build the model a checkpoint describes and load its weights.
+
+    ``resolved`` is what :func:`resolve_checkpoint` made of ``spec`` already, for a command that checked its inputs
+    before choosing the device: a run directory is then not searched twice (nor its skipped checkpoints warned of
+    twice, nor a Hub file looked up twice).
 
     The data sizes (``seq_len``, ``vocab_size``) come from ``data_path`` when given (the dataset to evaluate), else
     from the checkpoint's ``data`` record, else from the training data its settings name when that dataset is here,
@@ -217,7 +222,7 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
             that is not the file its card describes) and :func:`checkpoint_settings`; the weights do not fit the
             architecture; or the data sizes cannot be told.
     """
-    path, note = resolve_checkpoint(spec)
+    path, note = resolved or resolve_checkpoint(spec)
     card = check_against_card(path)
     payload = safe_load(path)
     if not isinstance(payload, dict):
