@@ -80,6 +80,17 @@ def validate_arch(arch: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "loss": {"loss_type": loss_type}, **values}
 
 
+def is_grid(arch: dict[str, Any]) -> bool:
+    """Whether ``arch`` (as :func:`validate_arch` returns it) is a size-agnostic grid model (TRM's ``token_mixer``
+    conv or conv_attention, or 2D relative positions): its weights take square puzzles of any side.
+
+    Raises:
+        ConfigError: as :func:`validate_arch`.
+    """
+    config_class = arch_class(arch["name"]).config_class
+    return _build_config(config_class, {k: v for k, v in arch.items() if k not in ("name", "loss")}).grid
+
+
 def _dataset_fields(batch_size: int = 1, seq_len: int = 1, vocab_size: int = 2, num_puzzle_identifiers: int = 1,
                     forward_dtype: str = "float32") -> dict[str, Any]:
     return dict(batch_size=batch_size, seq_len=seq_len, vocab_size=vocab_size,

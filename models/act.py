@@ -17,7 +17,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from models.layers import CastedEmbedding, CastedLinear, RotaryEmbedding, puzzle_input_embedding, trunc_normal_init_
+from models.layers import (CastedEmbedding, CastedLinear, RotaryEmbedding, RotaryEmbedding2D, grid_side,
+                           puzzle_input_embedding, trunc_normal_init_)
 from models.sparse_embedding import CastedSparseEmbedding
 
 
@@ -91,6 +92,11 @@ class ReasoningConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.forward_dtype)
+
+    @property
+    def grid(self) -> bool:
+        """Whether the model is size-agnostic over square grids (TRM's ``token_mixer``); the references are not."""
+        return False
 
 
 @dataclass
@@ -186,6 +192,9 @@ class RecurrentCore(nn.Module):
         self.total_len = config.seq_len + prefix_len
         if config.pos_encodings == "rope":
             self.rotary_emb = RotaryEmbedding(config.hidden_size // config.num_heads, self.total_len, config.rope_theta)
+        elif config.pos_encodings == "rope2d":
+            self.rotary_emb = RotaryEmbedding2D(config.hidden_size // config.num_heads, grid_side(config.seq_len),
+                                                config.rope_theta)
         elif config.pos_encodings == "learned":
             self.embed_pos = CastedEmbedding(self.total_len, config.hidden_size, init_std=embed_init_std, cast_to=dtype)
 
@@ -206,8 +215,11 @@ class RecurrentCore(nn.Module):
         """``z`` after one recursion update, with :attr:`latent_noise` added when test-time search set one."""
         return z if self.latent_noise is None else self.latent_noise(z)
 
-    def rope(self):
-        """The rotary tables, or None without rotary positions."""
+    def rope(self, seq_len: int | None = None):
+        """The rotary tables, or None without rotary positions; 2D ones for the grid of ``seq_len`` cells (the
+        batch's: a grid model takes any side)."""
+        if self.config.pos_encodings == "rope2d":
+            return self.rotary_emb(grid_side(seq_len or self.config.seq_len))
         return self.rotary_emb() if self.config.pos_encodings == "rope" else None
 
     def input_embeddings(self, inputs: torch.Tensor, puzzle_identifiers: torch.Tensor) -> torch.Tensor:
@@ -219,14 +231,17 @@ class RecurrentCore(nn.Module):
 
     def outputs(self, z_H: torch.Tensor, z_L: torch.Tensor):
         """``(detached carry, logits [B, S, V], (q_halt [B], q_continue [B]))``: the logits of the sequence
-        positions in the forward dtype, the Q logits (read at position 0) in fp32."""
+        positions in the forward dtype, the Q logits in fp32: read at position 0 (the references), or for a grid
+        model the minimum over the cells of each cell's."""
         logits = self.lm_head(z_H)[:, self.puzzle_emb_len:]
-        q = self.q_head(z_H[:, 0]).to(torch.float32)
+        q = (self.q_head(z_H).amin(dim=1) if self.config.grid else self.q_head(z_H[:, 0])).to(torch.float32)
         return InnerCarry(z_H.detach(), z_L.detach()), logits, (q[..., 0], q[..., 1])
 
-    def empty_carry(self, batch_size: int, device: torch.device | None = None) -> InnerCarry:
-        """An uninitialised carry; every row is reset before use because all rows start halted."""
-        shape = (batch_size, self.total_len, self.config.hidden_size)
+    def empty_carry(self, batch_size: int, device: torch.device | None = None,
+                    seq_len: int | None = None) -> InnerCarry:
+        """An uninitialised carry for puzzles of ``seq_len`` cells (default: the config's; a grid model takes any
+        square); every row is reset before use because all rows start halted."""
+        shape = (batch_size, self.puzzle_emb_len + (seq_len or self.config.seq_len), self.config.hidden_size)
         device = device if device is not None else self.H_init.device
         return InnerCarry(torch.empty(shape, dtype=self.H_init.dtype, device=device),
                           torch.empty(shape, dtype=self.H_init.dtype, device=device))
@@ -278,7 +293,7 @@ class ACTModel(nn.Module):
         batch_size = batch["inputs"].shape[0]
         device = batch["inputs"].device
         return Carry(
-            inner_carry=self.inner.empty_carry(batch_size, device),
+            inner_carry=self.inner.empty_carry(batch_size, device, batch["inputs"].shape[1]),
             steps=torch.zeros(batch_size, dtype=torch.int32, device=device),
             halted=torch.ones(batch_size, dtype=torch.bool, device=device),
             current_data={k: torch.empty_like(v) for k, v in batch.items()},

@@ -1,5 +1,6 @@
-"""Building blocks shared by HRM and TRM: casted layers, RoPE, attention, SwiGLU, RMSNorm, the post-norm
-reasoning block (attention or TRM's sequence-axis MLP), and the puzzle-prefixed input embedding.
+"""Building blocks shared by HRM and TRM: casted layers, RoPE (1D, and 2D over a square grid), attention, SwiGLU,
+RMSNorm, a depthwise 3x3 convolution over the grid, the post-norm reasoning block (attention, TRM's sequence-axis MLP
+or the convolution), and the puzzle-prefixed input embedding.
 
 Parameter names, shapes and initialisation follow the reference HRM (docs/REFERENCE.md, HRM) so
 that its checkpoints load unchanged. Weights are stored in fp32 and cast to the
@@ -93,6 +94,36 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self) -> CosSin:
         return self.cos_cached, self.sin_cached
+
+
+class RotaryEmbedding2D(nn.Module):
+    """2D RoPE over a square grid flattened row-major: the first half of each head's rotary pairs turns with the
+    cell's row, the second half with its column (axial 2D RoPE, Heo et al., "Rotary Position Embedding for Vision
+    Transformer", arXiv 2403.13298, Sec. 3.2), each axis with 1D RoPE's frequencies over ``dim / 2``. The attention
+    score of two cells then depends only on their row and column offsets, so the tables of any side serve the same
+    weights. Tables are laid out for :func:`apply_rotary_pos_emb` (rotate-half pairs ``i`` and ``i + dim/2``).
+
+    ``forward(side)`` returns ``(cos, sin)``, each ``[side * side, dim]`` fp32, made for ``side`` on first use and
+    kept (none are saved in the state dict); ``dim`` must be a multiple of 4.
+    """
+
+    def __init__(self, dim: int, side: int, base: float):
+        super().__init__()
+        quarter = dim // 4
+        inv_freq = 1.0 / (base ** (torch.arange(0, quarter, dtype=torch.float32) * 2 / (dim // 2)))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.tables: dict[tuple[int, torch.device], CosSin] = {}
+        self.forward(side)
+
+    def forward(self, side: int) -> CosSin:
+        key = (side, self.inv_freq.device)
+        if key not in self.tables:
+            axis = torch.arange(side, dtype=torch.float32, device=self.inv_freq.device)
+            rows, cols = axis.repeat_interleave(side), axis.repeat(side)
+            freqs = torch.cat((torch.outer(rows, self.inv_freq), torch.outer(cols, self.inv_freq)), dim=-1)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self.tables[key] = (emb.cos(), emb.sin())
+        return self.tables[key]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -228,6 +259,45 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
+def grid_side(seq_len: int) -> int:
+    """The side of the square grid a sequence of ``seq_len`` cells flattens, row-major.
+
+    Raises:
+        ValueError: ``seq_len`` is not a perfect square.
+    """
+    side = math.isqrt(seq_len)
+    if side * side != seq_len:
+        raise ValueError(f"a grid mixer needs a square grid flattened row-major, got a sequence of {seq_len} cells")
+    return side
+
+
+class GridConv(nn.Module):
+    """Depthwise 3x3 convolution over the square grid a sequence flattens (each channel mixes its 8 neighbours and
+    itself), zero outside the grid; no bias. Its weights do not depend on the grid's size, so one model runs on
+    grids of any side: the recurrent 3x3 block of DT-Net (Bansal et al., "End-to-end Algorithm Synthesis with
+    Recurrent Networks", arXiv 2202.05826), here depthwise, the channels mixed by the block's SwiGLU as in ConvNeXt
+    (Liu et al., arXiv 2201.03545). Weight ``[hidden, 1, 3, 3]`` fp32, truncated normal of std 1/3 (fan-in 9), cast
+    to ``x.dtype``.
+
+    Shapes: x ``[B, side * side, hidden]`` -> ``[B, side * side, hidden]``, in ``x.dtype``.
+    """
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(trunc_normal_init_(torch.empty(hidden_size, 1, 3, 3), std=1.0 / 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq_len, hidden = x.shape
+        side = grid_side(seq_len)
+        # [B, side, side, D] seen as [B, D, side, side] is channels-last already: no copy on the way in or out.
+        grid = x.view(batch, side, side, hidden).permute(0, 3, 1, 2)
+        out = F.conv2d(grid, self.weight.to(x.dtype), padding=1, groups=hidden)
+        return out.permute(0, 2, 3, 1).reshape(batch, seq_len, hidden)
+
+
+TOKEN_MIXERS = ("attention", "conv", "conv_attention")
+
+
 def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     """Weightless RMSNorm over the last axis, computed in fp32 and returned in ``x.dtype``."""
     x32 = x.to(torch.float32)
@@ -237,22 +307,27 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 class ReasoningBlock(nn.Module):
     """Post-norm block of HRM and TRM: token mixing, then a SwiGLU over the hidden axis.
 
-    Token mixing is self-attention (``self_attn``), ``x = rms(x + attn(x))``, or, when
+    Token mixing is self-attention (``self_attn``), ``x = rms(x + attn(x))``; or, when
     ``mlp_t_len`` is given (TRM's ``mlp_t``, an MLP-mixer step), a SwiGLU over the sequence axis
     (``mlp_t``, width computed from ``mlp_t_len`` and ``expansion``) whose residual sum is
-    normalised over the sequence axis as well: ``x = rms(x^T + swiglu_t(x^T))^T``. Then
+    normalised over the sequence axis as well: ``x = rms(x^T + swiglu_t(x^T))^T``; or, with ``mixer="conv"``, a
+    depthwise 3x3 convolution over the grid (``conv``, :class:`GridConv`), ``x = rms(x + conv(x))``. Then
     ``x = rms(x + swiglu(x))``. Sources: ``HierarchicalReasoningModel_ACTV1Block`` in the reference HRM's
     ``models/hrm/hrm_act_v1.py`` and ``TinyRecursiveReasoningModel_ACTV1Block`` in TRM's
-    ``models/recursive_reasoning/trm.py``.
+    ``models/recursive_reasoning/trm.py``; the convolution is this project's (:class:`GridConv`).
 
-    Shapes: x ``[B, S, hidden]`` -> ``[B, S, hidden]``; with ``mlp_t``, ``S`` must be ``mlp_t_len``.
+    Shapes: x ``[B, S, hidden]`` -> ``[B, S, hidden]``; with ``mlp_t``, ``S`` must be ``mlp_t_len``; with the
+    convolution, ``S`` is a square grid's cells.
     """
 
     def __init__(self, hidden_size: int, num_heads: int, expansion: float, rms_norm_eps: float, causal: bool = False,
-                 mlp_t_len: int | None = None):
+                 mlp_t_len: int | None = None, mixer: str = "attention"):
         super().__init__()
         self.use_mlp_t = mlp_t_len is not None
-        if not self.use_mlp_t:
+        self.use_conv = mixer == "conv"
+        if self.use_conv:
+            self.conv = GridConv(hidden_size)
+        elif not self.use_mlp_t:
             self.self_attn = Attention(hidden_size, hidden_size // num_heads, num_heads, num_heads, causal=causal)
         else:
             self.mlp_t = SwiGLU(mlp_t_len, expansion)
@@ -260,7 +335,9 @@ class ReasoningBlock(nn.Module):
         self.eps = rms_norm_eps
 
     def forward(self, x: torch.Tensor, cos_sin: CosSin | None) -> torch.Tensor:
-        if self.use_mlp_t:
+        if self.use_conv:
+            x = rms_norm(x + self.conv(x), self.eps)
+        elif self.use_mlp_t:
             x_t = x.transpose(1, 2)
             x = rms_norm(x_t + self.mlp_t(x_t), self.eps).transpose(1, 2)
         else:

@@ -22,6 +22,17 @@ instead of the fixed ``H_init``/``L_init``), and every update of the network is 
 ``z <- (1 - lambda_) z + lambda_ net(z + injection) + N(0, noise_scale^2)``, in training and evaluation alike.
 At the defaults (``random_reset`` off, ``lambda_`` 1, ``noise_scale`` 0) none of it runs: the model is the
 reference TRM, bitwise.
+
+**A size-agnostic variant (opt-in).** The reference mixes the cells by attention with positions made for one
+sequence length, or by ``mlp_t``, a weight as wide as the sequence: neither runs on another size. With
+``token_mixer: conv`` each block mixes a cell with its 3x3 neighbourhood on the square grid
+(:class:`models.layers.GridConv`), so the same weights take a grid of any side, and information crosses one cell
+per block: a larger grid needs more recursion, which more ACT segments give (DT-Net's recall and progressive loss,
+arXiv 2202.05826, are TRM's input injection and deep supervision). ``conv_attention`` alternates the convolution
+(even layers) with attention (odd layers), and ``pos_encodings: rope2d`` gives attention 2D relative positions over
+rows and columns (:class:`models.layers.RotaryEmbedding2D`). Such a *grid* model has no prefix and reads its Q
+logits as the minimum over the cells (the least sure cell decides), not at position 0, whose meaning depends on
+the size. At the default ``token_mixer: attention`` with the reference's positions, none of it runs.
 """
 
 from __future__ import annotations
@@ -31,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from models.act import ACTModel, InnerCarry, ReasoningConfig, RecurrentCore
-from models.layers import CosSin, ReasoningBlock, ReasoningModule, trunc_normal_init_
+from models.layers import TOKEN_MIXERS, CosSin, ReasoningBlock, ReasoningModule, grid_side, trunc_normal_init_
 
 
 @dataclass
@@ -42,7 +53,9 @@ class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
     ``no_ACT_continue``.
     ``H_layers`` is accepted and ignored, as in the reference (TRM has one network).
     ``puzzle_emb_len`` is the number of prefix positions; 0 means ``ceil(puzzle_emb_ndim / hidden_size)``.
-    ``pos_encodings`` is ``rope``, ``learned`` or ``none`` (the Sudoku ``mlp_t`` recipe uses none).
+    ``pos_encodings`` is ``rope``, ``learned``, ``none`` (the Sudoku ``mlp_t`` recipe uses none) or ``rope2d``
+    (a grid model's attention). ``token_mixer`` is ``attention`` (the reference), ``conv`` or ``conv_attention``
+    (module docstring); a grid model needs ``puzzle_emb_ndim`` 0, ``mlp_t`` false and a square ``seq_len``.
     ``causal`` is what the trainer passes to every architecture; TRM is non-causal, so only False is valid.
     """
 
@@ -57,12 +70,24 @@ class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
     L_init_std: float = 1.0
     lambda_: float = 1.0
     noise_scale: float = 0.0
+    # The size-agnostic variant (module docstring); the default is the reference TRM.
+    token_mixer: str = "attention"
+
+    @property
+    def grid(self) -> bool:
+        """Whether this is a size-agnostic grid model: a convolution among its mixers, or 2D relative positions."""
+        return self.token_mixer != "attention" or self.pos_encodings == "rope2d"
 
     def validate(self) -> None:
         """Raises ValueError, naming the key and the fix, on values the model cannot be built with."""
         super().validate()
-        if self.pos_encodings not in ("rope", "learned", "none"):
-            raise ValueError(f"pos_encodings={self.pos_encodings!r}: use 'rope', 'learned' or 'none'")
+        if self.pos_encodings not in ("rope", "learned", "none", "rope2d"):
+            raise ValueError(f"pos_encodings={self.pos_encodings!r}: use 'rope', 'learned' or 'none' (or 'rope2d', "
+                             "2D relative positions, for a grid model)")
+        if self.token_mixer not in TOKEN_MIXERS:
+            raise ValueError(f"token_mixer={self.token_mixer!r}: use one of {', '.join(TOKEN_MIXERS)}")
+        if self.grid:
+            self.validate_grid()
         if not self.mlp_t and self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if min(self.H_cycles, self.L_cycles, self.L_layers) < 1:
@@ -87,6 +112,22 @@ class TinyRecursiveReasoningModel_ACTV1Config(ReasoningConfig):
         if not 0 <= self.noise_scale <= 100:
             raise ValueError(f"noise_scale={self.noise_scale} (EqR's latent noise std) must be in [0, 100]")
 
+    def validate_grid(self) -> None:
+        """Raises ValueError, naming the key and the fix, where a grid model (module docstring) cannot be built."""
+        if self.mlp_t or self.puzzle_emb_ndim or self.puzzle_emb_len:
+            raise ValueError(f"token_mixer={self.token_mixer} / pos_encodings={self.pos_encodings} is a grid model: it "
+                             "takes no mlp_t and no puzzle embedding (set mlp_t=false, puzzle_emb_ndim=0, "
+                             "puzzle_emb_len=0)")
+        if self.pos_encodings in ("rope", "learned"):
+            raise ValueError(f"pos_encodings={self.pos_encodings} ties a grid model to one sequence length: use rope2d "
+                             "(2D relative positions) or none")
+        if self.token_mixer != "conv" and (self.hidden_size // self.num_heads) % 4:
+            raise ValueError(f"rope2d needs a head size divisible by 4, got hidden_size {self.hidden_size} / num_heads "
+                             f"{self.num_heads}")
+        if self.token_mixer != "conv" and self.pos_encodings != "rope2d":
+            raise ValueError(f"token_mixer={self.token_mixer} attends without positions: set pos_encodings=rope2d")
+        grid_side(self.seq_len)
+
     @property
     def prefix_len(self) -> int:
         """Prefix positions in front of the sequence: ``puzzle_emb_len``, or ``ceil(puzzle_emb_ndim / hidden)`` if 0."""
@@ -105,9 +146,16 @@ class TinyRecursiveReasoningModel_ACTV1_Inner(RecurrentCore):
         super().__init__(config, prefix_len=config.prefix_len)
         self.L_level = ReasoningModule([
             ReasoningBlock(config.hidden_size, config.num_heads, config.expansion, config.rms_norm_eps,
-                           mlp_t_len=self.total_len if config.mlp_t else None)
-            for _ in range(config.L_layers)])
+                           mlp_t_len=self.total_len if config.mlp_t else None, mixer=self.layer_mixer(i))
+            for i in range(config.L_layers)])
         self.add_initial_states()
+
+    def layer_mixer(self, layer: int) -> str:
+        """The token mixer of block ``layer``: ``conv_attention`` alternates, the convolution first."""
+        mixer = self.config.token_mixer
+        if mixer == "conv_attention":
+            return "conv" if layer % 2 == 0 else "attention"
+        return mixer
 
     @property
     def stochastic(self) -> bool:
@@ -152,7 +200,7 @@ class TinyRecursiveReasoningModel_ACTV1_Inner(RecurrentCore):
             ``(new_carry, logits [B, S, V], (q_halt [B], q_continue [B]))``: logits in the forward
             dtype, Q logits fp32 (read at prefix position 0), the carry detached.
         """
-        cos_sin = self.rope()
+        cos_sin = self.rope(batch["inputs"].shape[1])
         x = self.input_embeddings(batch["inputs"], batch["puzzle_identifiers"])
         z_H, z_L = carry.z_H, carry.z_L
         with torch.no_grad():
