@@ -1,10 +1,12 @@
-"""Maze builder tests: reference CSV reading, hard-maze generation, dihedral augmentation, the on-disk format.
+"""Maze builder tests: reference CSV reading, hard-maze generation (random and lattice kinds, mixed sizes framed on
+one canvas), dihedral augmentation, the on-disk format.
 
 Shortest paths are checked with a separate, deliberately plain BFS that counts shortest paths, and the
 dihedral transforms with explicit index formulas, not with the code under test.
 """
 
 import csv
+import hashlib
 import json
 import runpy
 import subprocess
@@ -66,6 +68,40 @@ def dihedral_by_index(grid, t):
               lambda i, j: (n - 1 - j, i), lambda i, j: (i, n - 1 - j), lambda i, j: (n - 1 - i, j),
               lambda i, j: (j, i), lambda i, j: (n - 1 - j, n - 1 - i)][t]
     return np.array([[grid[source(i, j)] for j in range(n)] for i in range(n)])
+
+
+def open_graph(open_cells):
+    """(nodes, edges, connected) of the graph of open cells joined by 4-neighbour moves."""
+    nodes = int(open_cells.sum())
+    edges = int((open_cells[1:] & open_cells[:-1]).sum() + (open_cells[:, 1:] & open_cells[:, :-1]).sum())
+    dist, _ = bfs(open_cells, tuple(np.argwhere(open_cells)[0]))
+    return nodes, edges, int((dist >= 0).sum()) == nodes
+
+
+def has_lattice_posts(open_cells):
+    """Some parity (pr, pc) has every cell (r, c) with r % 2 == pr and c % 2 == pc a wall: the posts of a lattice."""
+    return any(not open_cells[pr::2, pc::2].any() for pr in (0, 1) for pc in (0, 1))
+
+
+def crop(grid):
+    """The smallest window holding every cell that is not a wall."""
+    rows, cols = np.nonzero(grid != WALL)
+    return grid[rows.min():rows.max() + 1, cols.min():cols.max() + 1]
+
+
+def placement_free_forms(grid):
+    """A maze's 8 dihedral forms without the walls around them: equal sets for a maze at any place on a canvas."""
+    return {(f.shape, f.tobytes()) for f in (crop(dihedral_by_index(grid, t)) for t in range(8))}
+
+
+def digest(root):
+    """SHA-256 of both splits' dataset.json and arrays."""
+    h = hashlib.sha256()
+    for split in ("train", "test"):
+        h.update((Path(root) / split / "dataset.json").read_bytes())
+        for array in load_split(root, split).values():
+            h.update(array.tobytes())
+    return h.hexdigest()
 
 
 def load_split(root, split):
@@ -250,6 +286,141 @@ def test_generation_is_deterministic_for_any_worker_count(generated, tmp_path):
             assert np.array_equal(array, load_split(again, split)[name])
 
 
+# Digests of builds made by the builder before --min-size, --kind and --cycle-prob existed (numpy 2.4's PCG64
+# streams): builds that use none of them must keep writing exactly these files.
+DIGEST_BEFORE_FIXTURE = "39c8b01bc102c6e049ffd46ac0ccc71d492d0425ede0ff6d37d5efb1f473ee4a"
+DIGEST_BEFORE_CLI_9X9 = "9abb30f435f3fbb0c661020a704213bb8fc0354f7153d33914252fc23f0daf6f"
+
+
+def test_default_builds_are_byte_identical_to_before_the_new_options(generated, tmp_path):
+    assert digest(generated) == DIGEST_BEFORE_FIXTURE
+    assert "generation" not in json.loads((generated / "train" / "dataset.json").read_text())
+    same = maze.build_maze_dataset(tmp_path / "same", generate=True, size=SIZE, train_size=12, test_size=6,
+                                   min_path_length=MIN_PATH, aug=True, seed=0, min_size=SIZE, kind="random")
+    assert digest(same) == DIGEST_BEFORE_FIXTURE  # --min-size equal to --size is the single-size build
+    cli = maze.main(["--generate", "--size", "9", "--train-size", "5", "--test-size", "2", "--seed", "4",
+                     "--output-dir", str(tmp_path / "cli")])
+    assert digest(cli) == DIGEST_BEFORE_CLI_9X9
+
+
+def test_framed_mazes_are_solved_inside_their_frame_and_cover_the_sizes():
+    sides = set()
+    for i in range(50):
+        kind = "random" if i % 2 else "lattice"
+        q, ans, (top, left, side) = maze.generate_framed_maze(np.random.default_rng([3, i]), 10, 6, kind)
+        assert q.shape == ans.shape == (10, 10) and q.dtype == ans.dtype == np.uint8
+        assert 6 <= side <= 10 and 0 <= top <= 10 - side and 0 <= left <= 10 - side
+        inside = np.zeros((10, 10), bool)
+        inside[top:top + side, left:left + side] = True
+        assert (q[~inside] == WALL).all() and (ans[~inside] == WALL).all()
+        length = check_solved_maze(q, ans)  # on the whole canvas: the path cannot leave the frame
+        assert check_solved_maze(q[inside].reshape(side, side), ans[inside].reshape(side, side)) == length
+        if kind == "random":
+            assert length >= maze.default_min_path_length(side)
+        sides.add(side)
+    assert sides == set(range(6, 11))
+
+
+def test_min_path_length_scales_to_each_side():
+    assert maze.side_min_path_length(None, 16, 9) == maze.default_min_path_length(9)
+    assert maze.side_min_path_length(40, 16, 16) == 40
+    assert maze.side_min_path_length(40, 16, 8) == 18  # round(40 * 0.5**1.13) = round(18.24)
+    for i in range(6):
+        q, ans, (_, _, side) = maze.generate_framed_maze(np.random.default_rng([4, i]), 12, 6, "random", 30)
+        assert check_solved_maze(q, ans) >= maze.side_min_path_length(30, 12, side)
+
+
+def test_carved_lattice_is_a_spanning_tree_of_its_cells():
+    for cells in (1, 2, 5, 8):
+        grid = maze.carve_lattice(np.random.default_rng(cells), cells)
+        assert grid.shape == (2 * cells + 1, 2 * cells + 1) and grid.dtype == bool
+        assert grid[1::2, 1::2].all() and not grid[::2, ::2].any()  # every cell open, every post a wall
+        assert not (grid[0].any() or grid[-1].any() or grid[:, 0].any() or grid[:, -1].any())  # the outer wall
+        nodes, edges, connected = open_graph(grid)
+        assert connected and edges == nodes - 1  # a tree: one path between any two cells
+
+
+def test_braiding_opens_interior_walls_between_cells_and_makes_cycles():
+    grid = maze.carve_lattice(np.random.default_rng(0), 7)
+    braided = maze.braid_lattice(np.random.default_rng(1), grid, 0.1)
+    opened = braided & ~grid
+    rows, cols = np.nonzero(opened)
+    assert len(rows) == round(0.1 * 36)  # a perfect 7x7-cell maze keeps (7 - 1)² walls between cells
+    assert ((rows % 2) != (cols % 2)).all() and rows.min() > 0 and cols.min() > 0 and max(rows.max(), cols.max()) < 14
+    nodes, edges, connected = open_graph(braided)
+    assert connected and edges - (nodes - 1) == len(rows)  # each opened wall closes one independent cycle
+    tiny = maze.carve_lattice(np.random.default_rng(0), 2)
+    assert (maze.braid_lattice(np.random.default_rng(0), tiny, 0.0) & ~tiny).sum() == 1  # at least one, when any
+
+
+def test_lattice_mazes_with_and_without_outer_wall():
+    walled = {8: set(), 9: set()}
+    for side in (8, 9):
+        for i in range(16):
+            q, ans = maze.generate_lattice_maze(np.random.default_rng([5, side, i]), side, cycle_prob=0.0)
+            open_cells = q != WALL
+            assert q.shape == (side, side) and has_lattice_posts(open_cells)
+            nodes, edges, connected = open_graph(open_cells)
+            assert connected and edges == nodes - 1  # perfect: nothing for the uniqueness step to wall
+            check_solved_maze(q, ans)
+            border = np.concatenate([open_cells[0], open_cells[-1], open_cells[:, 0], open_cells[:, -1]])
+            walled[side].add(not border.any())
+    assert walled == {8: {True, False}, 9: {True, False}}  # both layouts occur at an even and at an odd side
+
+
+def test_braided_lattice_mazes_are_solved_uniquely():
+    cycles = 0
+    for i in range(12):
+        q, ans = maze.generate_lattice_maze(np.random.default_rng([6, i]), 13, cycle_prob=1.0)
+        assert has_lattice_posts(q != WALL)
+        check_solved_maze(q, ans)
+        nodes, edges, _ = open_graph(q != WALL)
+        cycles += edges >= nodes  # a cycle the uniqueness step left (off the shortest path)
+    assert cycles > 0
+
+
+def test_mixed_build_is_deterministic_deduplicated_and_records_its_settings(tmp_path):
+    kwargs = dict(generate=True, size=10, min_size=6, kind="mixed", train_size=16, test_size=8, aug=True, seed=2)
+    one = maze.build_maze_dataset(tmp_path / "w1", workers=1, **kwargs)
+    two = maze.build_maze_dataset(tmp_path / "w2", workers=2, **kwargs)
+    assert digest(one) == digest(two)
+    for split in ("train", "test"):
+        assert json.loads((one / split / "dataset.json").read_text())["generation"] == {
+            "kind": "mixed", "size": 10, "min_size": 6, "min_path_length": None, "seed": 2, "ties": "wall",
+            "wall_density": [0.3, 0.5], "cycle_prob": 0.5}
+    train, test = load_split(one, "train"), load_split(one, "test")
+    assert train["inputs"].shape == (16 * 8, 100)
+    for q, ans in zip(train["inputs"][::3], train["labels"][::3]):  # originals and augmentations alike
+        check_solved_maze(q.reshape(10, 10), ans.reshape(10, 10))
+    originals = [placement_free_forms(q.reshape(10, 10)) for q in train["inputs"][::8]]
+    assert all(not (x & y) for i, x in enumerate(originals) for y in originals[i + 1:])
+    seen = set().union(*originals)
+    assert not any(placement_free_forms(q.reshape(10, 10)) & seen for q in test["inputs"])
+
+
+def test_framed_mazes_are_deduplicated_wherever_they_sit():
+    q, _, _ = maze.generate_distinct(3, seed=0, stream=5, size=10, min_path_length=None, min_size=6, kind="mixed")
+    inner = crop(q[0])
+    moved = np.full((10, 10), WALL, np.uint8)
+    moved[10 - inner.shape[0]:, 10 - inner.shape[1]:] = inner[:, ::-1]  # to the bottom-right corner, mirrored
+    assert not np.array_equal(moved, q[0])
+    q2, _, _ = maze.generate_distinct(2, seed=0, stream=5, size=10, min_path_length=None, min_size=6, kind="mixed",
+                                      exclude={maze.maze_key(maze.unframe(moved))})
+    assert np.array_equal(q2[0], q[1]) and np.array_equal(q2[1], q[2])  # maze 0, moved, was excluded
+
+
+def test_lattice_single_size_build_fills_the_canvas(tmp_path):
+    out = maze.build_maze_dataset(tmp_path / "l31", generate=True, size=31, kind="lattice", train_size=3, test_size=2)
+    assert json.loads((out / "test" / "dataset.json").read_text())["generation"] == {
+        "kind": "lattice", "size": 31, "min_size": 31, "min_path_length": None, "seed": 0, "ties": "wall", "cycle_prob": 0.5}
+    a = load_split(out, "train")
+    assert a["inputs"].shape == (3, 31 * 31)
+    for q, ans in zip(a["inputs"], a["labels"]):
+        q, ans = q.reshape(31, 31), ans.reshape(31, 31)
+        assert has_lattice_posts(q != WALL) and check_solved_maze(q, ans) >= 31
+        assert (crop(q).shape[0] >= 29) and (crop(q).shape[1] >= 29)  # no frame: the maze fills the canvas
+
+
 def test_build_argument_errors(tmp_path):
     out = tmp_path / "x"
     for kwargs, message in [({"generate": True, "source_dir": tmp_path}, "choose exactly one source"),
@@ -258,10 +429,23 @@ def test_build_argument_errors(tmp_path):
                             ({"generate": True, "size": 5, "min_path_length": 25},
                              r"--min-path-length must be in \[1, 24\]"),
                             ({"generate": True, "wall_density": (0.5, 0.3)}, "--wall-density must be LOW HIGH"),
-                            ({"generate": True, "subsample_size": 0}, "--subsample-size must be >= 1")]:
-        with pytest.raises(DatasetError, match=message):
+                            ({"generate": True, "subsample_size": 0}, "--subsample-size must be >= 1"),
+                            ({"generate": True, "size": 8, "min_size": 9},
+                             r"--min-size must be in \[5, --size 8\], got 9"),
+                            ({"generate": True, "size": 8, "min_size": 4},
+                             r"--min-size must be in \[5, --size 8\], got 4"),
+                            ({"generate": True, "kind": "perfect"}, "--kind must be one of random, lattice, mixed"),
+                            ({"generate": True, "kind": "lattice", "cycle_prob": 1.5},
+                             r"--cycle-prob must be in \[0, 1\]"),
+                            ({"generate": True, "cycle_prob": 0.0}, "--cycle-prob shapes lattice mazes: add --kind"),
+                            ({"generate": True, "size": 4, "kind": "lattice"}, "--kind lattice needs --size 5 or more"),
+                            ({"source_dir": tmp_path, "kind": "mixed"}, "--min-size, --kind and --ties shape generated mazes")]:
+        with pytest.raises(DatasetError, match=message) as info:
             maze.build_maze_dataset(out, **kwargs)
+        assert "\n" not in str(info.value)
     assert not out.exists()
+    with pytest.raises(DatasetError, match="a lattice maze needs a side of 4 or more"):
+        maze.generate_lattice_maze(np.random.default_rng(0), 3)
 
 
 def test_output_dir_is_protected_and_overwrite_replaces(tmp_path, generated):
@@ -306,11 +490,21 @@ def test_loader_reads_both_splits_with_every_cell_supervised(generated):
 def test_cli(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as info:
         maze.main(["--help"])
-    assert info.value.code == 0 and "--min-path-length" in capsys.readouterr().out
+    help_text = capsys.readouterr().out
+    assert info.value.code == 0
+    assert all(flag in help_text for flag in ("--min-path-length", "--min-size", "--kind", "--cycle-prob"))
     for argv, message in [(["--generate", "--size", "1"], "error: --size must be >= 2, got 1"),
                           (["--source-dir", str(tmp_path / "none")],
                            f"error: {tmp_path / 'none' / 'train.csv'} not found"),
-                          (["--generate", "--size", "x"], "error: argument --size: invalid int value: 'x'")]:
+                          (["--generate", "--size", "x"], "error: argument --size: invalid int value: 'x'"),
+                          (["--generate", "--size", "16", "--min-size", "17"],
+                           "error: --min-size must be in [5, --size 16], got 17"),
+                          (["--generate", "--min-size", "3"], "error: --min-size must be in [5, --size 30], got 3"),
+                          (["--generate", "--kind", "maze"], "error: argument --kind: invalid choice: 'maze'"),
+                          (["--generate", "--kind", "lattice", "--cycle-prob", "2"],
+                           "error: argument --cycle-prob: '2': give a number in [0, 1]"),
+                          (["--generate", "--cycle-prob", "0"], "error: --cycle-prob shapes lattice mazes"),
+                          (["--kind", "lattice"], "error: --min-size, --kind and --ties shape generated mazes")]:
         monkeypatch.setattr(sys, "argv", ["build_maze_dataset.py", *argv, "--output-dir", str(tmp_path / "x")])
         with pytest.raises(SystemExit) as info:
             runpy.run_path(str(REPO / "scripts" / "build_maze_dataset.py"), run_name="__main__")
@@ -324,3 +518,68 @@ def test_cli(tmp_path, capsys, monkeypatch):
                             cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert len(load_split(out, "train")["inputs"]) == 16 and "mazes/s" in result.stdout
+
+
+def first_path_by_search(question):
+    """The move string (u, l, d, r) of the S-G shortest path first in the order up, left, down, right, by listing every
+    shortest path (a plain depth-first search over the distances from S and from G): the rule mark_first_path
+    follows, computed another way."""
+    (s,), (g,) = zip(*np.nonzero(question == START)), zip(*np.nonzero(question == GOAL))
+    open_cells = question != WALL
+    from_s, _ = bfs(open_cells, s)
+    from_g, _ = bfs(open_cells, g)
+    length, paths = from_s[g], []
+
+    def walk(cell, moves):
+        if cell == g:
+            paths.append(moves)
+            return
+        for name, (dr, dc) in zip("uldr", ((-1, 0), (0, -1), (1, 0), (0, 1))):
+            r, c = cell[0] + dr, cell[1] + dc
+            if (0 <= r < len(question) and 0 <= c < len(question) and from_s[r, c] == from_s[cell] + 1
+                    and from_g[r, c] == length - from_s[r, c]):
+                walk((r, c), moves + name)
+    walk(s, "")
+    return min(paths, key=lambda moves: ["uldr".index(m) for m in moves]), len(paths)
+
+
+def moves_of(answer):
+    """The moves from S to G along the marked cells of a solved maze."""
+    (s,), (g,) = zip(*np.nonzero(answer == START)), zip(*np.nonzero(answer == GOAL))
+    cell, seen, moves = s, {s}, ""
+    while cell != g:
+        for name, (dr, dc) in zip("uldr", ((-1, 0), (0, -1), (1, 0), (0, 1))):
+            r, c = cell[0] + dr, cell[1] + dc
+            if (r, c) not in seen and 0 <= r < len(answer) and 0 <= c < len(answer) and answer[r, c] in (PATH, GOAL):
+                cell, moves = (r, c), moves + name
+                seen.add(cell)
+                break
+    return moves
+
+
+def test_ties_first_marks_the_first_shortest_path_of_each_view():
+    """--ties first keeps mazes with several shortest paths and marks the first in the order up, left, down, right;
+    each dihedral view gets its own first path (the rule turns with the maze, the label must not)."""
+    from utils.data.common import dihedral
+
+    several = 0
+    for seed in range(40):
+        question, answer, _ = maze.generate_framed_maze(np.random.default_rng(seed), 12, 6, "mixed", ties="first")
+        for t in range(maze.NUM_DIHEDRAL):
+            view = dihedral(question, t)
+            first, count = first_path_by_search(view)
+            several += count > 1 and t == 0
+            assert moves_of(maze.mark_first_path(view)) == first
+        assert np.array_equal(answer, maze.mark_first_path(question))
+    assert several >= 10  # most mixed mazes keep several shortest paths
+
+
+def test_ties_first_dataset_labels_each_augmented_view(tmp_path):
+    out = maze.build_maze_dataset(tmp_path / "ties", generate=True, size=10, min_size=6, kind="mixed", train_size=6,
+                                  test_size=2, aug=True, ties="first")
+    inputs = np.load(out / "train" / "all__inputs.npy").reshape(-1, 10, 10)
+    labels = np.load(out / "train" / "all__labels.npy").reshape(-1, 10, 10)
+    for question, label in zip(inputs, labels):
+        assert np.array_equal(label, maze.mark_first_path(question))
+    record = json.loads((out / "train" / "dataset.json").read_text())["generation"]
+    assert record["ties"] == "first"
