@@ -3,9 +3,13 @@
 - **Sudoku**: 81 characters, row by row, ``1``-``9`` for givens and ``.`` or ``0`` for blanks (white space
   ignored); or a file of them: a Sudoku-Extreme CSV (its ``question`` column) or one puzzle per line. Tokens as
   the Sudoku builder writes them (utils/data/sudoku/build.py): blank 1, digit d -> d + 1 (vocab 11).
-- **Maze**: a text grid over ``#`` (wall), space (open), ``S`` and ``G``, one line per row, square; lines an editor
-  shortened by stripping trailing spaces are padded with open cells. Tokens as the maze builder writes them
-  (utils/data/maze.py, the reference's charset ``"# SGo"`` -> 1..5; ``o`` marks the path in an answer).
+- **Maze**: a text grid, one line per row, any rectangle from 2x2 up, with or without an outer wall (the grid's edge
+  acts as one): walls ``#``, ``*`` or ``█``, open cells a space or ``.``, one start ``S`` and one goal ``G`` or
+  ``E``; lines an editor shortened by stripping trailing spaces are padded with open cells. Or a file of them: mazes
+  separated by empty lines, or a Maze-Hard CSV (its ``question`` column). Tokens as the maze builder writes them
+  (utils/data/maze.py, the reference's charset ``"# SGo"`` -> 1..5; ``o`` marks the path in an answer), on a square:
+  a rows x cols maze is framed with walls on the right or bottom into a square of side max(rows, cols), which changes
+  no shortest path and is what the models and the checks here take (:func:`crop_maze` gives the rectangle back).
 
 Every error names the puzzle, the row and column, and the fix.
 """
@@ -16,6 +20,7 @@ import csv
 import dataclasses
 import io
 import itertools
+import math
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -29,6 +34,11 @@ from utils.errors import UserError
 SUDOKU_CELLS = 81
 MAZE_CHARSET = "# SGo"  # token = index + 1
 WALL, OPEN, START, GOAL, PATH = 1, 2, 3, 4, 5
+# How generators and people write a maze's cells: walls as # (the reference's), * or a full block (text printers of
+# lattice mazes); mazelib and others write E for the end. Read case-sensitively: s is no start. The text naming
+# them is ASCII, so a message naming them prints on any terminal.
+MAZE_SPELLINGS = {"#": WALL, "*": WALL, "\u2588": WALL, " ": OPEN, ".": OPEN, "S": START, "G": GOAL, "E": GOAL}
+MAZE_SPELLINGS_TEXT = "#, * or the block U+2588 (wall), a space or . (open), S (start), G or E (goal)"
 BOM = "\ufeff"  # a UTF-8 byte-order mark, which Windows Notepad writes at the start of a file: not a cell
 
 
@@ -107,7 +117,10 @@ class FileEntry:
         text: the puzzle as written (a maze's rows joined by newlines).
         tokens: uint8 [S], None for a bad entry.
         error: for a bad entry, one line saying what is wrong with it; None otherwise.
-        label: the answer the file gives (a Sudoku-Extreme CSV's ``answer`` column), tokens uint8 [81], or None.
+        label: the answer the file gives (a Sudoku-Extreme or Maze-Hard CSV's ``answer`` column), tokens uint8 [S],
+            or None.
+        shape: a maze's own (rows, cols) (its tokens are the square framed around it, :func:`parse_maze`); None for
+            a Sudoku or a bad entry.
     """
 
     line: int
@@ -115,14 +128,17 @@ class FileEntry:
     tokens: Optional[np.ndarray]
     error: Optional[str] = None
     label: Optional[np.ndarray] = None
+    shape: Optional[tuple[int, int]] = None
 
 
 def iter_puzzle_file(task: str, path: Path) -> Iterator[FileEntry]:
     """The puzzles of a file, read as they are needed (a file of a million lines streams): Sudoku one per line (a
     ``#`` line is a comment; an 81-character puzzle may be followed by a space and its name), or a CSV with a
-    ``question`` column (Sudoku-Extreme's: its ``answer`` column becomes the label); mazes separated by
-    empty lines (a line of spaces is a maze row). A UTF-8 byte-order mark and CRLF line ends are accepted; a bad
-    entry (or bytes that are not UTF-8) is yielded with its ``error``, never raised, so the rest can be answered.
+    ``question`` column (Sudoku-Extreme's: its ``answer`` column becomes the label); mazes separated by empty lines
+    (a line of spaces is a maze row), or a CSV with a ``question`` column (Maze-Hard's: each a square maze row by row
+    over ``"# SGo"``, its ``answer`` the label), each with its ``shape``. A UTF-8 byte-order mark and CRLF line ends
+    are accepted; a bad entry (or bytes that are not UTF-8) is yielded with its ``error``, never raised, so the rest
+    can be answered.
 
     Raises:
         PuzzleInputError: the file cannot be opened, or is not text (a NUL byte in its first 8 KiB: an image, a
@@ -141,7 +157,8 @@ def iter_puzzle_file(task: str, path: Path) -> Iterator[FileEntry]:
     with handle:
         first = handle.readline()
         handle.seek(0)
-        if task == "sudoku" and "question" in [c.strip() for c in first.rstrip("\r\n").split(",")]:
+        is_csv = "question" in [c.strip() for c in first.rstrip("\r\n").split(",")]
+        if task == "sudoku" and is_csv:
             yield from _sudoku_csv(handle, path)
         elif task == "sudoku":
             for number, line in enumerate(handle, 1):
@@ -151,7 +168,7 @@ def iter_puzzle_file(task: str, path: Path) -> Iterator[FileEntry]:
                     yield _entry(task, number, first if len(first) == SUDOKU_CELLS else text,
                                  f"{path.name} line {number}")
         else:
-            yield from _maze_blocks(handle, path)
+            yield from _maze_csv(handle, path) if is_csv else _maze_blocks(handle, path)
 
 
 def _sudoku_csv(handle, path: Path) -> Iterator[FileEntry]:
@@ -182,12 +199,102 @@ def _maze_blocks(handle, path: Path) -> Iterator[FileEntry]:
             block, start = [], 0
 
 
+def _maze_csv(handle, path: Path) -> Iterator[FileEntry]:
+    """The rows of a maze CSV with a ``question`` column (Maze-Hard's ``source,question,answer,rating``: each question
+    a square maze row by row), each with its ``answer`` as the label where it has one."""
+    reader = csv.DictReader(handle)
+    while True:
+        line = reader.line_num + 1  # the row's first line: csv's count is not advanced when a row fails
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:  # a field over csv's size limit (a maze past 362x362) or a NUL: that row, not the rest
+            yield FileEntry(line, "", None, f"{path.name} line {line}: not a CSV row ({e}); give the maze in a text "
+                            "file instead")
+            continue
+        where = f"{path.name} line {reader.line_num}"
+        question, answer = row.get("question") or "", row.get("answer") or ""  # spaces are open cells: kept
+        try:
+            tokens, shape = _parse_maze_row(question, where)
+            label = _maze_label(answer, question, tokens, f"{where}, its answer") if answer.strip() else None
+        except PuzzleInputError as e:
+            yield FileEntry(reader.line_num, question, None, str(e))
+            continue
+        yield FileEntry(reader.line_num, question, tokens, label=label, shape=shape)
+
+
+def _parse_maze_row(question: str, where: str) -> tuple[np.ndarray, tuple[int, int]]:
+    """A Maze-Hard question (a square maze as one string, row by row) as :func:`parse_maze` gives it."""
+    side = math.isqrt(len(question))
+    if side < 2 or side * side != len(question):
+        raise PuzzleInputError(f"{where}: a question of {len(question)} characters; a Maze-Hard question is a square "
+                               "maze written row by row, side x side characters (900 for 30x30)")
+    return _maze_grid([question[r * side:(r + 1) * side] for r in range(side)], where)
+
+
+def _maze_label(answer: str, question: str, tokens: np.ndarray, where: str) -> np.ndarray:
+    """A Maze-Hard answer as tokens uint8 [side²]: the question (``tokens`` [side²]) with path cells marked ``o``.
+
+    Raises:
+        PuzzleInputError: another length than the question's, or a cell that is neither the question's nor an open
+            cell marked ``o`` (named by row and column).
+    """
+    if len(answer) != len(question):
+        raise PuzzleInputError(f"{where}: {len(answer)} characters, the question {len(question)}; the answer is the "
+                               "question with its path cells marked o")
+    side = math.isqrt(len(question))
+    label = tokens.copy()
+    for i, (a, q) in enumerate(zip(answer, question)):
+        if a == q:
+            continue
+        if a != "o" or tokens[i] != OPEN:
+            raise PuzzleInputError(f"{where}: row {i // side + 1}, column {i % side + 1}: {a!r} where the question "
+                                   f"has {q!r}; the answer is the question with its path cells (open ones) marked o")
+        label[i] = PATH
+    return label
+
+
 def _entry(task: str, line: int, text: str, where: str) -> FileEntry:
     try:
-        tokens = parse_sudoku(text, where) if task == "sudoku" else parse_maze(text, where)[0]
+        tokens, shape = (parse_sudoku(text, where), None) if task == "sudoku" else parse_maze(text, where)
     except PuzzleInputError as e:
         return FileEntry(line, text, None, str(e))
-    return FileEntry(line, text, tokens)
+    return FileEntry(line, text, tokens, shape=shape)
+
+
+def read_mazes(spec: str) -> list[tuple[str, np.ndarray, tuple[int, int]]]:
+    """``(name, tokens uint8 [side²], (rows, cols))`` for each maze of the file ``spec``: a text file of one or more
+    mazes separated by empty lines, or a Maze-Hard CSV (a ``question`` column). The tokens are framed as
+    :func:`parse_maze` frames them; the name is the file's stem for a text file of one maze, else ``FILE line N``.
+
+    Raises:
+        PuzzleInputError: no such file, a directory, not UTF-8 text, no maze in it, or a malformed maze (the first,
+            named by its line, row and column).
+    """
+    path = Path(spec)
+    if path.is_dir():
+        raise PuzzleInputError(f"{spec} is a directory; give a text file of mazes (rows of # walls and spaces, one S "
+                               "and one G) or a Maze-Hard CSV")
+    if not path.is_file():
+        raise PuzzleInputError(f"{spec}: no such file; give the path of a text file of mazes (rows of # walls and "
+                               "spaces, one S and one G) or a Maze-Hard CSV")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (UnicodeDecodeError, OSError) as e:
+        raise PuzzleInputError(f"{path}: cannot be read as UTF-8 text ({e}); save it as UTF-8") from None
+    lines = text.splitlines()
+    is_csv = bool(lines) and "question" in [c.strip() for c in lines[0].split(",")]
+    entries = list((_maze_csv if is_csv else _maze_blocks)(io.StringIO(text), path))
+    if not entries:
+        raise PuzzleInputError(f"{path} holds no maze; write one as rows of # (wall) and spaces (open) with one S and "
+                               "one G")
+    bad = next((e for e in entries if e.error is not None), None)
+    if bad is not None:
+        raise PuzzleInputError(bad.error)
+    if len(entries) == 1 and not is_csv:
+        return [(path.stem, entries[0].tokens, entries[0].shape)]
+    return [(f"{path.name} line {e.line}", e.tokens, e.shape) for e in entries]
 
 
 def sudoku_problems(answer: np.ndarray, puzzle: np.ndarray) -> list[str]:
@@ -207,36 +314,109 @@ def sudoku_problems(answer: np.ndarray, puzzle: np.ndarray) -> list[str]:
     return problems
 
 
-def parse_maze(text: str, where: str) -> tuple[np.ndarray, int]:
-    """One maze as tokens uint8 [size * size] and its size.
+def parse_maze(text: str, where: str) -> tuple[np.ndarray, tuple[int, int]]:
+    """One maze as tokens uint8 [side * side] and its own shape (rows, cols): a rows x cols grid framed with walls on
+    the right or bottom into a square of side max(rows, cols) (:func:`crop_maze` takes the rectangle back).
+
+    A row shorter than the widest (an editor stripped its trailing spaces) is open to the right; empty lines before
+    and after the maze are no rows. Framing changes no shortest path: the grid's edge already acts as a wall.
 
     Raises:
-        PuzzleInputError: not square, a character other than ``#``, space, ``S``, ``G`` (named by row and
-            column), or not exactly one S and one G.
+        PuzzleInputError: smaller than 2x2, an empty line inside it, a character other than the spellings
+            :data:`MAZE_SPELLINGS` reads (named by row and column), or not exactly one S and one goal (G or E).
     """
     lines = text.removeprefix(BOM).splitlines()
     while lines and not lines[-1]:  # empty lines end the text; a line of spaces is a row of open cells
         lines.pop()
-    size, width = len(lines), max(map(len, lines), default=0)
-    if size < 2 or width != size:
-        short = [r + 1 for r, line in enumerate(lines) if len(line) < width]
+    while lines and not lines[0]:
+        lines.pop(0)
+    return _maze_grid(lines, where)
+
+
+def _maze_grid(lines: list[str], where: str) -> tuple[np.ndarray, tuple[int, int]]:
+    """:func:`parse_maze` of a maze's rows (``lines``, none of them a line end)."""
+    rows, width = len(lines), max(map(len, lines), default=0)
+    short = [r + 1 for r, line in enumerate(lines) if len(line) < width]
+    if rows < 2 or width < 2:
         note = (f" (row {short[0]} has {len(lines[short[0] - 1])}: an editor that strips trailing spaces shortens a "
-                "row; shorter rows are read as open to the right, but a row of open cells needs its spaces)"
-                if short and size < width else "")
-        raise PuzzleInputError(f"{where}: {size} row(s) of up to {width} characters{note}; a maze is a square grid of "
-                               "at least 2x2 (as many rows as columns, one line per row) with one S and one G")
-    tokens = np.full((size, size), OPEN, np.uint8)
+                "row; shorter rows are read as open to the right, but a row of open cells needs its spaces or dots)"
+                if short else "")
+        raise PuzzleInputError(f"{where}: {rows} row(s) of up to {width} characters{note}; a maze is a grid of at "
+                               "least 2x2 (one line per row, any rectangle) with one S and one goal (G or E)")
+    empty = [r for r in short if not lines[r - 1]]
+    if empty:  # a row of open cells an editor emptied; in a file of mazes an empty line would end this one there
+        raise PuzzleInputError(f"{where}: {rows} row(s) of up to {width} characters (row {empty[0]} has 0: an editor "
+                               "that strips trailing spaces empties a row of open cells, and an empty line ends a "
+                               "maze; write the row's open cells as spaces or dots)")
+    grid = np.full((rows, width), OPEN, np.uint8)  # shorter rows: open to the right
     for r, line in enumerate(lines):
         for c, ch in enumerate(line):
-            if ch not in "# SG":
-                raise PuzzleInputError(f"{where}: row {r + 1}, column {c + 1}: {ch!r} is not # (wall), a space (open), "
-                                       "S or G")
-            tokens[r, c] = MAZE_CHARSET.index(ch) + 1
-    for token, name in ((START, "S"), (GOAL, "G")):
-        count = int((tokens == token).sum())
-        if count != 1:
-            raise PuzzleInputError(f"{where}: {count} {name} cells; a maze has exactly one S and one G")
-    return tokens.ravel(), size
+            token = MAZE_SPELLINGS.get(ch)
+            if token is None:
+                raise PuzzleInputError(f"{where}: row {r + 1}, column {c + 1}: {ch!r} is not {MAZE_SPELLINGS_TEXT}"
+                                       f"{_spelling_hint(ch)}")
+            grid[r, c] = token
+    for token, name in ((START, "S"), (GOAL, "goal (G or E)")):
+        cells = np.argwhere(grid == token)
+        if len(cells) != 1:
+            at = "; ".join(f"row {r + 1}, column {c + 1}" for r, c in cells[:2].tolist()) + ("; ..." * (len(cells) > 2))
+            found = f"{len(cells)} {name} cells ({at})" if len(cells) else f"no {name} cell"
+            raise PuzzleInputError(f"{where}: {found}; a maze has exactly one S and one goal (G or E)")
+    side = max(rows, width)
+    framed = np.full((side, side), WALL, np.uint8)
+    framed[:rows, :width] = grid
+    return framed.ravel(), (rows, width)
+
+
+def _spelling_hint(ch: str) -> str:
+    """Why a character a user may well have meant is not read (empty for others)."""
+    if ch == "o":
+        return "; o marks the path, only in an answer"
+    if ch in "sge":
+        return "; letters are read case-sensitively: write S, G or E"
+    if ch == "\t":
+        return "; a tab is no cell: write spaces"
+    if ch == "\ufffd":
+        return "; these bytes are not UTF-8 text: save the file as UTF-8"
+    return ""
+
+
+def _maze_side(tokens: np.ndarray, name: str) -> int:
+    """The side of a square maze's tokens [side²]; ValueError if they are not a square."""
+    side = math.isqrt(tokens.size)
+    if side * side != tokens.size:
+        raise ValueError(f"{name}: a maze's tokens are a square row by row, got {tokens.size}")
+    return side
+
+
+def frame_maze(tokens: np.ndarray, side: int) -> np.ndarray:
+    """A square maze (tokens [s²]) framed with walls on the right and bottom into a square of ``side`` (tokens
+    [side²], the same dtype): a smaller maze for a model of a fixed size (one trained on 10x10). Walls added at the
+    edge change no shortest path; :func:`crop_maze` with shape (s, s) gives the maze back.
+
+    Raises:
+        ValueError: ``tokens`` not a square, or ``side`` < s.
+    """
+    s = _maze_side(tokens, "frame_maze")
+    if side < s:
+        raise ValueError(f"frame_maze: a {s}x{s} maze does not fit a side of {side}")
+    framed = np.full((side, side), WALL, tokens.dtype)
+    framed[:s, :s] = tokens.reshape(s, s)
+    return framed.ravel()
+
+
+def crop_maze(tokens: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """A maze's own rectangle (tokens [rows * cols], a copy) out of the square it was framed into (tokens [side²]):
+    its top-left ``shape`` = (rows, cols).
+
+    Raises:
+        ValueError: ``tokens`` not a square, or ``shape`` not within it.
+    """
+    side = _maze_side(tokens, "crop_maze")
+    rows, cols = shape
+    if not (1 <= rows <= side and 1 <= cols <= side):
+        raise ValueError(f"crop_maze: a {rows}x{cols} maze is not within a {side}x{side} square")
+    return tokens.reshape(side, side)[:rows, :cols].flatten()
 
 
 def maze_problems(answer: np.ndarray, maze: np.ndarray) -> list[str]:
@@ -325,10 +505,10 @@ def _breadth_first(walkable: np.ndarray, start: tuple[int, int], goal: tuple[int
     return distance.get(goal), paths.get(goal, 0)
 
 
-def puzzle_text(task: str, tokens: np.ndarray) -> str:
+def puzzle_text(task: str, tokens: np.ndarray, shape: Optional[tuple[int, int]] = None) -> str:
     """A puzzle or an answer (tokens [S]) as plain text: a Sudoku as its 81 characters row by row (``.`` blank), a
-    maze as :func:`format_maze`'s rows."""
-    return "".join(_sudoku_digits(tokens)) if task == "sudoku" else format_maze(tokens)
+    maze as :func:`format_maze`'s rows (of its own ``shape`` where given)."""
+    return "".join(_sudoku_digits(tokens)) if task == "sudoku" else format_maze(tokens, shape)
 
 
 def _sudoku_digits(tokens: np.ndarray) -> list[str]:
@@ -348,10 +528,16 @@ def format_sudoku(tokens: np.ndarray) -> str:
     return "\n".join(rows)
 
 
-def format_maze(tokens: np.ndarray) -> str:
-    """A maze (tokens [size²]) as text rows over ``# SGo``."""
-    size = int(np.sqrt(tokens.size))
+def format_maze(tokens: np.ndarray, shape: Optional[tuple[int, int]] = None) -> str:
+    """A maze as text rows over ``# SGo``: a square (tokens [side²]) as it is, or with ``shape`` = (rows, cols) the
+    maze's own rectangle, cropped from the square it was framed into (tokens [side²]) or given as it is (tokens
+    [rows * cols])."""
+    if shape is None:
+        rows = cols = _maze_side(tokens, "format_maze")
+    else:
+        rows, cols = shape
+        tokens = tokens if tokens.size == rows * cols else crop_maze(tokens, shape)
     index = tokens.astype(np.int64) - 1
     index[(index < 0) | (index >= len(MAZE_CHARSET))] = len(MAZE_CHARSET)  # padding or out of range: "?"
     chars = np.array(list(MAZE_CHARSET + "?"))[index]
-    return "\n".join("".join(row) for row in chars.reshape(size, size))
+    return "\n".join("".join(row) for row in chars.reshape(rows, cols))
