@@ -27,6 +27,7 @@ import argparse
 import logging
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -40,7 +41,7 @@ from utils.outputs import check_writable_dir
 log = logging.getLogger("solve")
 DEFAULT_BUDGET_S = 6.0  # with start-up and the model's load, a solve's command ends within 10 s on 2 cores
 PUZZLE_FLAGS = {"sudoku": "81 characters (1-9, . or 0 for blanks) or a file of Sudoku",
-                "maze": "a text file with one maze", "arc": "a task JSON file in the ARC Prize format"}
+                "maze": "a text file of mazes or a Maze-Hard CSV", "arc": "a task JSON file in the ARC Prize format"}
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -152,7 +153,7 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     consistent (with what would help), else 0."""
     from utils.eval.reasoning import test_time_compute
     from utils.eval.anytime import anytime_compute
-    from utils.eval.solving import check_budget, open_model, read_puzzles
+    from utils.eval.solving import check_budget, model_tokens, open_model, read_puzzles
     from utils.viz.puzzles import ANSWER_ENDINGS
     from utils.outputs import unused_stem
 
@@ -160,8 +161,9 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     spec = args.sudoku if task == "sudoku" else args.maze
     if is_file_of_puzzles(task, spec):
         return solve_a_file(args, task, Path(spec), device, dtype, out)
-    puzzles = read_puzzles(task, spec)
-    trained = open_model(args.checkpoint, task, len(puzzles[0][1]), len(puzzles), device, dtype)
+    read = read_puzzles(task, spec)
+    trained = open_model(args.checkpoint, task, max(len(tokens) for _, tokens, _ in read), len(read), device, dtype)
+    puzzles = [(name, model_tokens(trained, task, tokens)) for name, tokens, _ in read]
     if not args.quiet:
         print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
     ttc = anytime_compute(args, test_time_compute(args, trained.cfg, keep_segments=True, task=task))
@@ -173,11 +175,12 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
         answers, notes, spent, rate, helps = anytime(args.budget, trained, task, puzzles, ttc, device, args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     earlier = len(list(out.glob(f"{task}_*.png"))) - len(list(out.glob(f"{task}_*_strip.png")))
-    for i, (found, note, (name, _)) in enumerate(zip(answers, notes, puzzles)):
+    for i, (found, note, (name, _, shape)) in enumerate(zip(answers, notes, read)):
         if found is None:  # no answer can obey its rules: nothing was run
             print(f"\n{name}: {note}")
             continue
-        report(found, out / unused_stem(out, f"{task}_{i + 1}", ANSWER_ENDINGS), ttc.views, note)  # files there kept
+        stem = out / unused_stem(out, f"{task}_{i + 1}", ANSWER_ENDINGS)  # files there are kept
+        report(replace(found, shape=shape), stem, ttc.views, note)
     kept = f" (beside {earlier} earlier answer(s) there: delete them, or give --out, to keep runs apart)" * bool(earlier)
     consistent = sum(a is not None and a.consistent for a in answers)
     print(f"\n{consistent} of {len(answers)} answer(s) consistent; {spent}; pictures in {out}{kept}")
@@ -209,8 +212,9 @@ def solve_a_file(args: argparse.Namespace, task: str, path: Path, device, dtype,
     from utils.eval.reasoning import test_time_compute
     from utils.eval.solving import BUNDLED, check_budget, open_model
 
-    first = next((e for e in itertools.islice(iter_puzzle_file(task, path), 1000) if e.tokens is not None), None)
-    seq_len = first.tokens.size if first is not None else BUNDLED[task].side ** 2
+    # The smallest of the first puzzles opens the model: one that takes any of them takes it; each is checked later.
+    sizes = [e.tokens.size for e in itertools.islice(iter_puzzle_file(task, path), 1000) if e.tokens is not None]
+    seq_len = min(sizes, default=BUNDLED[task].side ** 2)
     trained = open_model(args.checkpoint, task, seq_len, 1, device, dtype)
     if not args.quiet:
         print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
@@ -349,11 +353,10 @@ def report(found, stem: Path, views: int = 1, note: str = "") -> None:
     """Print one answer (an :class:`utils.eval.solving.Answer`), whether it is consistent, its segments, halting
     confidence, (of ``views`` > 1) how many views agree with it and ``note`` (what anytime solving spent); draw it
     (``stem``.png, .gif, _strip.png)."""
-    from utils.data.user_puzzles import format_maze, format_sudoku
     from utils.eval.solving import gif_segments
     from utils.viz.puzzles import render_example, render_segments, save_picture, save_segments
 
-    print(f"\n{found.name}: {found.verdict}\n{(format_sudoku if found.task == 'sudoku' else format_maze)(found.grid)}")
+    print(f"\n{found.name}: {found.verdict}\n{found.text}")
     agree = f"; {found.votes} of {views} views gave this answer" if found.votes is not None else ""
     picked = ""
     if found.selection == "checked":

@@ -55,7 +55,7 @@ def test_an_answer_says_what_it_is_and_how_it_was_found(solver):
 def test_bad_input_is_one_documented_exception(solver):
     with pytest.raises(solve.PuzzleInputError, match="row 1, column 3: 'x' is not a digit"):
         solver.sudoku("12x" + "." * 78)
-    with pytest.raises(solve.PuzzleInputError, match="a maze is a square grid"):
+    with pytest.raises(solve.PuzzleInputError, match="a maze is a grid of at least 2x2"):
         solver.maze("S G")
     with pytest.raises(TestTimeComputeError, match="budget 0 is out of range"):
         solver.sudoku(HELD_OUT, budget=0)

@@ -160,7 +160,7 @@ def test_08_a_json_true_is_not_a_colour():
 
 @pytest.mark.parametrize("flag,fragment", [("--sudoku", "--sudoku is empty: give 81 characters"),
                                            ("--arc", "--arc is empty: give a task JSON file"),
-                                           ("--maze", "--maze is empty: give a text file with one maze")])
+                                           ("--maze", "--maze is empty: give a text file of mazes or a Maze-Hard CSV")])
 def test_09_and_18_an_empty_puzzle_flag(sudoku_run, tmp_path, capsys, flag, fragment):
     assert_one_line(capsys, solve_cpu("--checkpoint", str(sudoku_run), flag, "", "--out", str(tmp_path)), fragment)
 
@@ -231,8 +231,8 @@ def test_16_a_dataset_of_other_puzzles_is_named_as_the_mistake(sudoku_run, tmp_p
     assert "was trained on 81 cells and a vocabulary of 11" in line and "give the dataset it was trained on" in line
 
 
-@pytest.mark.parametrize("text,fragment", [("S", "a maze is a square grid of at least 2x2"),
-                                           ("#S\n#G\n##\n", "a maze is a square grid of at least 2x2")])
+@pytest.mark.parametrize("text,fragment", [("S", "a maze is a grid of at least 2x2"),
+                                           ("#S\n#S\n##\n", "a maze has exactly one S and one goal (G or E)")])
 def test_18_maze_messages_state_the_rule(sudoku_run, tmp_path, capsys, text, fragment):
     grid = tmp_path / "maze.txt"
     grid.write_text(text)

@@ -112,7 +112,8 @@ def test_memory_stays_flat_however_long_the_file(tmp_path, monkeypatch, capfd):
         source = puzzle_file(tmp_path / f"p{lines}.txt", [TOP95[i % 95] for i in range(lines)], {})
         tracemalloc.start()
         try:
-            file_solving.solve_file(SimpleNamespace(seq_len=81), "sudoku", source, tmp_path / f"out{lines}", {"precision": "float32"}, 6.0,
+            model = SimpleNamespace(seq_len=81, vocab_size=11, grid=False, bundled=False)
+            file_solving.solve_file(model, "sudoku", source, tmp_path / f"out{lines}", {"precision": "float32"}, 6.0,
                                     None, None, quiet=True)
             peaks.append(tracemalloc.get_traced_memory()[1])
         finally:

@@ -174,8 +174,8 @@ def test_newcomer_checked_selection_keeps_only_a_shortest_maze_path():
     from utils.data.user_puzzles import maze_problems, parse_maze
     from utils.eval.reasoning import RULES, rules_checker
 
-    maze, size = parse_maze("#####\n#S  #\n# # #\n#  G#\n#####\n", "loop")  # two shortest paths of 4 moves
-    answers = np.repeat(maze.reshape(1, size, size), 3, axis=0)
+    maze, shape = parse_maze("#####\n#S  #\n# # #\n#  G#\n#####\n", "loop")  # two shortest paths of 4 moves
+    answers = np.repeat(maze.reshape(1, *shape), 3, axis=0)
     answers[:, 1, 2] = answers[:, 1, 3] = answers[:, 2, 3] = 5  # S > right > right > down > G
     answers[1, 2, 1] = 5  # a dead end below S
     answers[2, 2, 1] = answers[2, 3, 1] = answers[2, 3, 2] = 5  # and the other way round as well

@@ -120,10 +120,10 @@ def test_puzzle_checks_and_one_line_errors(capsys, tmp_path):
     wrong = parse_sudoku(SOLVED, "s").copy()
     wrong[[0, 1]] = wrong[[1, 0]]
     assert "given(s) changed" in " ".join(sudoku_problems(wrong, parse_sudoku(SUDOKU, "p")))
-    maze, size = parse_maze(MAZE, "m")
-    path = maze.copy().reshape(size, size)
+    maze, shape = parse_maze(MAZE, "m")
+    path = maze.copy().reshape(shape)
     path[1, 2] = path[1, 3] = path[2, 3] = 5  # S (1,1) -> (1,2) -> (1,3) -> (2,3) -> G (3,3)
-    assert size == 5 and maze_problems(path.ravel(), maze) == []
+    assert shape == (5, 5) and maze_problems(path.ravel(), maze) == []
     path[2, 3] = 2
     assert maze_problems(path.ravel(), maze) == ["broken: the marked cells do not connect S to G"]
     with pytest.raises(PuzzleInputError, match="row 2, column 3: 'x' is not a digit"):
@@ -132,8 +132,10 @@ def test_puzzle_checks_and_one_line_errors(capsys, tmp_path):
         parse_sudoku("55" + SUDOKU[2:], "the puzzle")
     with pytest.raises(PuzzleInputError, match="row 2, column 4: 'o' is not #"):
         parse_maze(MAZE.replace("#S  #", "#S o#"), "m")
-    with pytest.raises(PuzzleInputError, match="a maze is a square grid of at least 2x2"):
-        parse_maze(MAZE + "#   #\n", "m")
+    with pytest.raises(PuzzleInputError, match="a maze is a grid of at least 2x2"):
+        parse_maze("#S G#\n", "m")
+    tall, shape = parse_maze(MAZE + "#   #\n", "m")  # 6 rows of 5: framed with a wall column on the right
+    assert shape == (6, 5) and (tall.reshape(6, 6)[:, 5] == 1).all()
     assert solve.main(["--device", "cpu", "--checkpoint", str(tmp_path), "--sudoku", SUDOKU[:80], "--out",
                        str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -202,8 +204,8 @@ SHORT, LONG = [(1, 2), (1, 3), (1, 4)], [(2, 1), (3, 1), (3, 2), (3, 3), (3, 4),
 
 def marked(cells) -> tuple[np.ndarray, np.ndarray]:
     """LOOP's tokens and an answer marking ``cells`` as the path."""
-    maze, size = parse_maze(LOOP, "loop")
-    answer = maze.copy().reshape(size, size)
+    maze, shape = parse_maze(LOOP, "loop")
+    answer = maze.copy().reshape(shape)
     for cell in cells:
         answer[cell] = 5
     return answer.ravel(), maze
@@ -222,7 +224,7 @@ def test_newcomer_a_maze_answer_is_consistent_only_as_one_shortest_path(cells, w
 
 
 def test_newcomer_a_maze_without_a_route_and_changed_walls_are_named():
-    maze, size = parse_maze("#####\n#S# #\n### #\n#  G#\n#####\n", "walled")
+    maze, _ = parse_maze("#####\n#S# #\n### #\n#  G#\n#####\n", "walled")
     assert maze_problems(maze, maze) == ["S and G are not connected in this maze: no path can be marked"]
     answer, loop = marked(SHORT)
     answer[0] = 2  # a wall opened

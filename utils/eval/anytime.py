@@ -44,7 +44,7 @@ from utils.eval.load import Trained
 from utils.eval.reasoning import (RULES, Cancelled, TestTimeCompute, TestTimeComputeError, checked_better,
                                   rows_per_call)
 from utils.eval.search import Search, Segment, run_trajectories
-from utils.eval.solving import Answer
+from utils.eval.solving import Answer, segments_for
 from utils.eval.stats import with_interval
 
 MAX_BUDGET_S = 24 * 3600.0
@@ -73,11 +73,15 @@ def check_budget_s(budget_s: float, flag: str = "--budget") -> float:
     return budget_s
 
 
-def default_search(trained: Trained, ttc: TestTimeCompute) -> Search:
+def default_search(trained: Trained, ttc: TestTimeCompute, seq_len: Optional[int] = None) -> Search:
     """The search anytime solving runs (docs/results.md, "Test-time search", gives the measurement behind it):
-    the run's segments (``ttc.segments`` or ``halt_max_steps``), symmetry views, latent noise of std ``ttc.noise``
-    at every recursion update (:func:`anytime_compute` sets it), a check after every segment."""
-    return Search(ttc.segments or trained.cfg.arch["halt_max_steps"], "symmetry", ttc.noise)
+    the run's segments (``ttc.segments`` or ``halt_max_steps``; for a grid model on a puzzle of ``seq_len`` cells
+    larger than it trained on, more: :func:`utils.eval.solving.segments_for`), symmetry views, latent noise of std
+    ``ttc.noise`` at every recursion update (:func:`anytime_compute` sets it), a check after every segment."""
+    segments = ttc.segments or trained.cfg.arch["halt_max_steps"]
+    if ttc.segments is None and seq_len is not None:
+        segments = segments_for(trained, seq_len, segments)
+    return Search(segments, "symmetry", ttc.noise)
 
 
 # The std of the latent noise when --noise does not set one. Measured (docs/results.md, "Test-time search"): with
@@ -160,7 +164,7 @@ def solve_anytime(trained: Trained, task: str, name: str, tokens: np.ndarray, bu
     Raises:
         Cancelled: ``cancel`` said so; nothing is answered.
     """
-    search = search or default_search(trained, ttc)
+    search = search or default_search(trained, ttc, tokens.size)
     solutions = count_puzzle_solutions(task, tokens)
     if solutions == 0:
         return AnytimeAnswer(None, Spent(), "unsolvable")

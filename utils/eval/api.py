@@ -27,7 +27,7 @@ from utils.eval.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protoco
 from utils.eval.load import Trained
 from utils.eval.precision import solving_dtype
 from utils.eval.reasoning import TestTimeCompute
-from utils.eval.solving import open_model
+from utils.eval.solving import model_tokens, open_model
 
 __all__ = ["Solver", "Solution", "PuzzleInputError"]
 
@@ -99,13 +99,15 @@ class Solver:
         return self._solve("sudoku", parse_sudoku(puzzle, "the Sudoku"), budget)
 
     def maze(self, text: str, budget: float = 6.0) -> Solution:
-        """Solve one maze: a square text grid, one line per row, of ``#`` (wall), space (open), ``S`` and ``G``.
+        """Solve one maze: a text grid, one line per row, any rectangle, of ``#`` (wall), space (open), ``S`` and
+        ``G`` (the spellings utils/data/user_puzzles.py reads: ``E`` for the goal, ``.`` for open, ...).
 
         Raises:
-            PuzzleInputError: not such a maze, or no model for its size.
+            PuzzleInputError: not such a maze, or larger than the model takes (naming the largest it takes).
             TestTimeComputeError: a budget out of range.
         """
-        return self._solve("maze", parse_maze(text, "the maze")[0], budget)
+        tokens, shape = parse_maze(text, "the maze")
+        return self._solve("maze", tokens, budget, shape)
 
     def sudokus(self, puzzles: Iterable[str], budget: float = 6.0) -> Iterator[Solution]:
         """Solve each Sudoku of ``puzzles`` (blank lines skipped), yielding each answer as soon as it is found.
@@ -117,18 +119,20 @@ class Solver:
             if puzzle.strip():
                 yield self.sudoku(puzzle, budget)
 
-    def _solve(self, task: str, tokens: np.ndarray, budget: float) -> Solution:
+    def _solve(self, task: str, tokens: np.ndarray, budget: float, shape: Optional[tuple[int, int]] = None
+               ) -> Solution:
         check_budget_s(budget, "budget")
         with self._turn:
             trained = self._model(task, tokens.size)
+            tokens = model_tokens(trained, task, tokens)
             ttc = TestTimeCompute(noise=LATENT_NOISE, seed=self.seed)
             solved = solve_anytime(trained, task, task, tokens, budget, ttc, self.device)
         found = solved.answer
         if found is None:
             return Solution(task, "", False, False, solved.ended, (UNSOLVABLE[task],), protocol(budget), 0, 0.0, ())
-        return Solution(task, puzzle_text(task, found.grid), found.consistent, bool(found.unique), solved.ended,
-                        tuple(found.problems), protocol(budget), solved.spent.passes, solved.spent.seconds,
-                        tuple(puzzle_text(task, grid) for grid in found.segment_grids))
+        return Solution(task, puzzle_text(task, found.grid, shape), found.consistent, bool(found.unique),
+                        solved.ended, tuple(found.problems), protocol(budget), solved.spent.passes,
+                        solved.spent.seconds, tuple(puzzle_text(task, grid, shape) for grid in found.segment_grids))
 
     def _model(self, task: str, seq_len: int) -> Trained:
         key = (task, seq_len)

@@ -21,19 +21,20 @@ from typing import Callable, Optional
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.user_puzzles import FileEntry, iter_puzzle_file, puzzle_text
+from utils.data.user_puzzles import FileEntry, PuzzleInputError, iter_puzzle_file, puzzle_text
 from utils.eval.answers_file import BAD_LINE, AnswersFile, summary
 from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
-from utils.eval.solving import Answer, answer
+from utils.eval.solving import Answer, answer, check_fits, model_tokens
 from utils.eval.stats import wilson_interval
 
 FIXED_BATCH = 64  # puzzles answered together under fixed compute: bounded memory, whatever the file's length
 BAD_LINES_SHOWN = 10  # bad lines the summary names
 
 
-def grid_text(task: str, tokens: np.ndarray) -> str:
-    """A puzzle or answer as one CSV field: a Sudoku as 81 characters (``.`` blank), a maze's rows joined by ``|``."""
-    return puzzle_text(task, tokens).replace("\n", "|")
+def grid_text(task: str, tokens: np.ndarray, shape: Optional[tuple[int, int]] = None) -> str:
+    """A puzzle or answer as one CSV field: a Sudoku as 81 characters (``.`` blank), a maze's rows (of its own
+    ``shape`` where given) joined by ``|``."""
+    return puzzle_text(task, tokens, shape).replace("\n", "|")
 
 
 def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget: Optional[float], ttc, device,
@@ -62,10 +63,10 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
         for entry in iter_puzzle_file(task, path):
             if entry.line in answers.answered:
                 continue
-            if entry.tokens is not None and entry.tokens.size != trained.seq_len:
-                entry = replace(entry, tokens=None, error=f"{entry.tokens.size} cells; the model answers puzzles of "
-                                                          f"{trained.seq_len}: give a model trained on them")
+            entry = _fitted(trained, task, entry)
             if budget is None:  # rows keep the file's order: a bad line waits for the puzzles before it
+                if entry.error is None and any(e.error is None and e.tokens.size != entry.tokens.size for e in pending):
+                    _fixed(answers, trained, task, pending, ttc, device, precision, how, shown)  # one size a batch
                 pending.append(entry)
                 if sum(e.error is None for e in pending) == FIXED_BATCH:
                     _fixed(answers, trained, task, pending, ttc, device, precision, how, shown)
@@ -82,6 +83,18 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
         bar.close()
         answers.close()
     return _summarise(answers.path, how)
+
+
+def _fitted(trained, task: str, entry: FileEntry) -> FileEntry:
+    """``entry`` with the tokens the model answers (a maze framed up to a fixed-size model's side), or as a bad entry
+    where the model does not take its puzzle (another size, one larger than it takes)."""
+    if entry.tokens is None:
+        return entry
+    try:
+        check_fits(trained, task, entry.tokens.size)
+    except PuzzleInputError as e:
+        return replace(entry, tokens=None, error=str(e))
+    return replace(entry, tokens=model_tokens(trained, task, entry.tokens))
 
 
 def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], ttc, device, precision: str, how: str,
@@ -117,10 +130,10 @@ def _row(task: str, entry: FileEntry, found: Optional[Answer], ended: str, how: 
         verdict = "consistent" if found.consistent else "NOT consistent: " + "; ".join(found.problems)
         solutions = count_puzzle_solutions(task, entry.tokens) if found.unique is None else None
         unique = "yes" if (found.unique or solutions == 1) else "no"
-    return {"line": entry.line, "puzzle": grid_text(task, entry.tokens),
-            "answer": "" if found is None else grid_text(task, found.grid), "verdict": verdict, "unique": unique,
-            "protocol": how, "precision": precision, "passes": passes, "seconds": f"{seconds:.3f}",
-            "file_answer": "" if entry.label is None else grid_text(task, entry.label)}
+    return {"line": entry.line, "puzzle": grid_text(task, entry.tokens, entry.shape),
+            "answer": "" if found is None else grid_text(task, found.grid, entry.shape), "verdict": verdict,
+            "unique": unique, "protocol": how, "precision": precision, "passes": passes, "seconds": f"{seconds:.3f}",
+            "file_answer": "" if entry.label is None else grid_text(task, entry.label, entry.shape)}
 
 
 def _write(answers: AnswersFile, row: dict, shown=None, found: Optional[Answer] = None,

@@ -24,7 +24,8 @@ from typing import Any, Optional
 import torch
 from omegaconf import OmegaConf
 
-from models import build_model, validate_arch
+from models import build_model, is_grid, validate_arch
+from models.layers import grid_side
 from models.checkpoints import load_model_weights
 from utils.config import ConfigError, PretrainConfig, build_config, to_dict
 from utils.data.puzzle_dataset import load_metadata
@@ -191,8 +192,9 @@ def checkpoint_settings(path: Path, payload: dict) -> PretrainConfig:
 @dataclass
 class Trained:
     """A trained model ready to answer: the loss head (eval mode), its settings, where it came from, its step, the
-    data sizes it was built for (``seq_len``, ``vocab_size``), and the ``card`` it was checked against (a bundled
-    model's, :func:`check_against_card`; None for any other checkpoint)."""
+    data sizes it was built for (``seq_len``, ``vocab_size``), the ``card`` it was checked against (a bundled
+    model's, :func:`check_against_card`; None for any other checkpoint), and whether it is a ``grid`` model
+    (:func:`models.is_grid`: it takes square puzzles of any side, ``seq_len`` being the one it was trained on)."""
 
     head: Any
     cfg: PretrainConfig
@@ -202,6 +204,8 @@ class Trained:
     seq_len: int
     vocab_size: int
     card: Optional[Path] = None
+    grid: bool = False
+    bundled: bool = False  # whether it answers as the task's bundled model (utils/eval/solving.py open_model)
 
 
 def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size: int,
@@ -213,7 +217,8 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
     before choosing the device: a run directory is then not searched twice (nor its skipped checkpoints warned of
     twice, nor a Hub file looked up twice).
 
-    The data sizes (``seq_len``, ``vocab_size``) come from ``data_path`` when given (the dataset to evaluate), else
+    The data sizes (``seq_len``, ``vocab_size``) come from ``data_path`` when given (the dataset to evaluate: for a
+    grid model, square puzzles of any side in its vocabulary), else
     from the checkpoint's ``data`` record, else from the training data its settings name when that dataset is here,
     else from ``seq_len`` (a puzzle's own) with the vocabulary read off the weights.
 
@@ -232,13 +237,27 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
     sizes = _data_sizes(path, payload, state, cfg, data_path, seq_len)
     # The puzzle-embedding table was sized by the training data; the checkpoint knows its size.
     table = next((v for k, v in state.items() if k.endswith("puzzle_emb.weights")), None)
-    head = build_model(validate_arch(cfg.arch), batch_size=batch_size, seq_len=sizes["seq_len"],
+    arch = validate_arch(cfg.arch)
+    head = build_model(arch, batch_size=batch_size, seq_len=sizes["seq_len"],
                        vocab_size=sizes["vocab_size"], dtype=dtype, device=device,
                        num_puzzle_identifiers=1 if table is None else table.shape[0])
     load_model_weights(head, state, str(path))
     head.eval()
     step = payload.get("step") if isinstance(payload.get("step"), int) else 0
-    return Trained(head, cfg, path, note, step, sizes["seq_len"], sizes["vocab_size"], card and card.path)
+    return Trained(head, cfg, path, note, step, sizes["seq_len"], sizes["vocab_size"], card and card.path,
+                   is_grid(arch))
+
+
+def _grid_fits(cfg: PretrainConfig, sizes: dict[str, int], own: dict[str, int]) -> bool:
+    """Whether a grid model (:func:`models.is_grid`) trained on ``own`` sizes takes a dataset of ``sizes``: the same
+    vocabulary, and square puzzles of any side."""
+    if sizes["vocab_size"] != own["vocab_size"] or not is_grid(validate_arch(cfg.arch)):
+        return False
+    try:
+        grid_side(sizes["seq_len"])
+    except ValueError:
+        return False
+    return True
 
 
 def _data_sizes(path: Path, payload: dict, state: dict, cfg: PretrainConfig, data_path: Optional[str],
@@ -259,7 +278,7 @@ def _data_sizes(path: Path, payload: dict, state: dict, cfg: PretrainConfig, dat
             metadata = load_metadata(candidate, "test")
             sizes = {"seq_len": metadata.seq_len, "vocab_size": metadata.vocab_size}
             own = recorded or {"seq_len": sizes["seq_len"], "vocab_size": vocab or sizes["vocab_size"]}
-            if candidate == data_path and sizes != own:
+            if candidate == data_path and sizes != own and not _grid_fits(cfg, sizes, own):
                 raise ConfigError(f"the dataset {data_path} holds puzzles of {sizes['seq_len']} cells and a vocabulary "
                                   f"of {sizes['vocab_size']}, but {path} was trained on {own['seq_len']} cells and a "
                                   f"vocabulary of {own['vocab_size']} ({trained_on}): give the dataset it was trained on")

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
-from utils.data.user_puzzles import PuzzleInputError, parse_maze, read_sudokus
+from utils.data.user_puzzles import (PuzzleInputError, format_maze, format_sudoku, frame_maze, read_mazes,
+                                     read_sudokus)
 from utils.device import host_memory, memory_available
 from utils.eval.load import BUNDLED_DIR, Trained, load_trained
 from utils.eval.reasoning import (CHECKED, FLAG_NAMES, RULES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
@@ -33,7 +34,8 @@ from utils.eval.reasoning import (CHECKED, FLAG_NAMES, RULES, SETTING_NAMES, TES
 
 class Bundled(NamedTuple):
     """The model that answers a task when no checkpoint is given: its ``file`` in BUNDLED_DIR, ``what`` it was trained
-    on (its card says more), and the ``side`` of its square grids."""
+    on (its card says more), and the ``side`` of the largest square grid it takes (a smaller maze is framed with
+    walls up to a fixed-size model's side)."""
 
     file: str
     what: str
@@ -66,7 +68,9 @@ class Answer:
     segment), ``halting`` (``sigmoid(q_halt)`` of the answer given), ``segments`` used, ``votes`` (of the views, when
     several), ``problems`` (empty: a solution), the ``selection`` that picked it among rollouts and views:
     ``model`` (the Q head and the votes, the references' way) or ``checked`` (an answer that obeys the rules first),
-    and whether the puzzle has exactly one solution (``unique``; None where not counted)."""
+    whether the puzzle has exactly one solution (``unique``; None where not counted), and for a maze its own
+    ``shape`` (rows, cols) within the square its tokens frame it in (None: the whole square), which :attr:`text`
+    shows."""
 
     name: str
     task: str
@@ -80,6 +84,12 @@ class Answer:
     problems: list[str] = field(default_factory=list)
     selection: str = "model"
     unique: Optional[bool] = None
+    shape: Optional[tuple[int, int]] = None
+
+    @property
+    def text(self) -> str:
+        """The answer as text rows: a Sudoku's 9 rows with box separators, a maze's own rows over ``# SGo``."""
+        return format_sudoku(self.grid) if self.task == "sudoku" else format_maze(self.grid, self.shape)
 
     @property
     def confidence(self) -> np.ndarray:
@@ -114,39 +124,82 @@ def bundled_checkpoint(task: str) -> Path:
     return path
 
 
-def read_puzzles(task: str, spec: str) -> list[tuple[str, np.ndarray]]:
-    """``(name, tokens [S])`` for each puzzle ``spec`` gives: Sudoku as :func:`read_sudokus` reads them, a maze from a
-    text file.
+def read_puzzles(task: str, spec: str) -> list[tuple[str, np.ndarray, Optional[tuple[int, int]]]]:
+    """``(name, tokens [S], shape)`` for each puzzle ``spec`` gives: Sudoku as :func:`read_sudokus` reads them (shape
+    None), mazes as :func:`read_mazes` reads a file of them (tokens framed into a square, shape their own rows x
+    columns).
 
     Raises:
         PuzzleInputError: a malformed puzzle or an unreadable file, named.
     """
     if task == "sudoku":
-        return read_sudokus(spec)
-    try:
-        text = Path(spec).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PuzzleInputError(f"{spec}: cannot be read as UTF-8 text ({e}); give a text file with one maze") from None
-    return [(Path(spec).stem, parse_maze(text, spec)[0])]
+        return [(name, tokens, None) for name, tokens in read_sudokus(spec)]
+    return read_mazes(spec)
 
 
-def check_fits(trained: Trained, task: str, seq_len: int, bundled: bool = False) -> None:
-    """Check that ``trained`` answers ``task`` puzzles of ``seq_len`` tokens (its vocabulary and sequence length).
+# The recipe that trains a maze model of any size, named where a maze is larger than a model takes.
+GRID_MAZE_RECIPE = "python pretrain.py --config-name=cfg_pretrain_trm_maze_grid_cpu"
+
+
+def largest_side(trained: Trained, task: str) -> Optional[int]:
+    """The side of the largest square puzzle ``trained`` takes: a fixed-size model's own; for a grid model
+    (:attr:`Trained.grid`) the largest its card measured when it is the bundled one, else None (any side, within
+    the compute budget)."""
+    if not trained.grid:
+        return math.isqrt(trained.seq_len)
+    return BUNDLED[task].side if trained.bundled else None
+
+
+def check_fits(trained: Trained, task: str, seq_len: int) -> None:
+    """Check that ``trained`` answers ``task`` puzzles of ``seq_len`` tokens: its vocabulary, and its sequence length,
+    or for a maze (a square framed around it, utils/data/user_puzzles.py) one it takes: a fixed-size model's side or
+    less (:func:`model_tokens` frames it), a grid model's any side up to :func:`largest_side`.
 
     Raises:
         PuzzleInputError: the model was trained on another kind or size of puzzle (named, for a bundled model with
-            the flag that takes another).
+            the flag that takes another); a maze larger than the model takes (naming the largest it takes and the
+            recipe that trains a model of any size).
     """
+    bundled = trained.bundled
     vocab, kind = VOCAB[task]
+    side, given = math.isqrt(trained.seq_len), math.isqrt(seq_len)
+    if trained.vocab_size == vocab and task == "maze" and given * given == seq_len:
+        largest = largest_side(trained, task)
+        if largest is None or given <= largest:
+            return
+        name = f"the bundled model {trained.path.name}" if bundled else str(trained.path)
+        raise PuzzleInputError(f"a maze {given} cells wide or tall is larger than {name} takes: at most "
+                               f"{largest}x{largest}; {GRID_MAZE_RECIPE} trains a model on mazes of mixed sizes that "
+                               "solves larger ones by thinking longer (give it with --checkpoint)")
     if trained.vocab_size == vocab and trained.seq_len == seq_len:
         return
-    side, given = math.isqrt(trained.seq_len), math.isqrt(seq_len)
     if bundled:
         raise PuzzleInputError(f"the bundled model {trained.path.name} was trained on {BUNDLED[task].what}, not on "
                                f"{kind} of {given}x{given}: give --checkpoint with a model trained on them")
     raise PuzzleInputError(f"{trained.path} was trained on puzzles of {trained.seq_len} cells"
                            f"{f' ({side}x{side})' if side * side == trained.seq_len else ''} and a vocabulary of "
                            f"{trained.vocab_size}, not {kind} of {seq_len} cells: use a checkpoint trained on them")
+
+
+def segments_for(trained: Trained, seq_len: int, segments: int) -> int:
+    """ACT segments a trajectory of ``trained`` runs on a puzzle of ``seq_len`` cells, given the run's ``segments``
+    for its own size: as many, or for a grid model on a larger square, ``segments`` times the ratio of the sides,
+    rounded up (its blocks carry information a fixed number of cells a segment, and a shortest path grows about
+    as the side: Maze-Hard's 110 moves at 30x30 against about 50 at 16x16, utils/data/maze.py)."""
+    side, own = math.isqrt(seq_len), math.isqrt(trained.seq_len)
+    if not trained.grid or side <= own:
+        return segments
+    return math.ceil(segments * side / own)
+
+
+def model_tokens(trained: Trained, task: str, tokens: np.ndarray) -> np.ndarray:
+    """The tokens [S'] ``trained`` answers for a puzzle's ``tokens`` [S] that :func:`check_fits` passed: a maze
+    smaller than a fixed-size model's grid framed with walls on the right and bottom up to it (which changes no
+    shortest path, and leaves the maze where :func:`utils.data.user_puzzles.crop_maze` takes it back); any other
+    puzzle as it is."""
+    if task != "maze" or trained.grid or tokens.size == trained.seq_len:
+        return tokens
+    return frame_maze(tokens, math.isqrt(trained.seq_len))
 
 
 def open_model(spec: Optional[str], task: str, seq_len: int, batch_size: int, device: torch.device,
@@ -159,11 +212,12 @@ def open_model(spec: Optional[str], task: str, seq_len: int, batch_size: int, de
         CheckpointError, ConfigError: see :func:`utils.eval.load.load_trained`.
     """
     trained = load_trained(spec or str(bundled_checkpoint(task)), device, dtype, batch_size, seq_len=seq_len)
-    check_fits(trained, task, seq_len, bundled=spec is None)
+    trained.bundled = spec is None
+    check_fits(trained, task, seq_len)
     if spec is None:
         card = f" (its card: {trained.card})" if trained.card else ""  # the card the load checked, never a guess
         trained.note = f"the bundled model for {BUNDLED[task].what}, {trained.path}{card}"
-    warm_up(trained, seq_len, device)
+    warm_up(trained, seq_len if trained.grid else trained.seq_len, device)
     return trained
 
 
@@ -234,9 +288,9 @@ def flops_per_pass(trained: Trained) -> int:
 
 
 class _MatrixFlops(TorchFunctionMode):
-    """Counts 2 x the multiply-adds of the matrix products called under it (at torch's Python level: no dispatch
-    mode, whose first use imports TorchDynamo, seconds of a solve's start, and whose counter on the CPU misses
-    attention)."""
+    """Counts 2 x the multiply-adds of the matrix products and convolutions called under it (at torch's Python
+    level: no dispatch mode, whose first use imports TorchDynamo, seconds of a solve's start, and whose counter on
+    the CPU misses attention)."""
 
     MATMULS = (torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.mm)
 
@@ -252,7 +306,10 @@ class _MatrixFlops(TorchFunctionMode):
             self.flops += 2 * q.numel() * k.shape[-2] + 2 * q.numel() // q.shape[-1] * k.shape[-2] * v.shape[-1]
         elif func in self.MATMULS:  # a [..., n, k] @ b [..., k, m]
             self.flops += 2 * args[0].numel() * args[1].shape[-1]
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func is F.conv2d:  # weight [out, in / groups, kh, kw]: each output element is in / groups * kh * kw MACs
+            self.flops += 2 * out.numel() * args[1][0].numel()
+        return out
 
 
 @dataclass(frozen=True)

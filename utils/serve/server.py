@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from utils.data.arc import tokens_to_grid
-from utils.data.user_puzzles import PuzzleInputError, format_maze, format_sudoku, parse_maze, parse_sudoku
+from utils.data.user_puzzles import PuzzleInputError, parse_maze, parse_sudoku
 from utils.errors import RunFailure, UserError
 from utils.run.main import Terminated, one_line, sigterm_as_ctrl_c
 from utils.run.stop import signal_exit_code
@@ -87,7 +87,7 @@ from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCom
                                   test_time_compute)
 from utils.eval.search import Search
 from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
-                                flops_per_pass, gif_segments, open_model)
+                                flops_per_pass, gif_segments, model_tokens, open_model)
 from utils.viz.puzzles import render_segments, segments_gif
 
 log = logging.getLogger(__name__)
@@ -211,11 +211,10 @@ def answer_json(found: Answer) -> dict[str, Any]:
                                        found.segment_q_halt, title=f"{found.task} (cells wrong = cells that differ "
                                                                    "from the final answer)",
                                        shown=gif_segments(len(found.segment_grids))))
-    text = (format_sudoku if found.task == "sudoku" else format_maze)(found.grid)
     return {"puzzle": grid_rows(found.puzzle, found.task).tolist(), "frames": frames, "segments": found.segments,
             "halting": found.halting, "votes": found.votes, "consistent": found.consistent, "verdict": found.verdict,
             "selection": found.selection,
-            "text": text, "gif": base64.b64encode(gif).decode()}
+            "text": found.text, "gif": base64.b64encode(gif).decode()}
 
 
 @dataclass
@@ -281,10 +280,10 @@ class Solver:
             with self._owned(solve_id) as mine, _Turn(self, mine, cancelled, f"{offered.label}, {used}",
                                                       stoppable=False):
                 return self._arc(offered, task, known, ttc)
-        tokens = self._puzzle(offered, request.get("puzzle"))
+        tokens, shape = self._puzzle(offered, request.get("puzzle"))
         with self._owned(solve_id) as mine, _Turn(self, mine, cancelled, f"{offered.label}, {used}"):
             if flags.budget:
-                search = default_search(offered.trained, ttc)
+                search = default_search(offered.trained, ttc, tokens.size)
                 found, spent = self._anytime(offered, tokens, flags.budget, ttc, search, cancelled, mine)
                 # What the rounds ran, not the one unchecked rollout that anytime_compute hands each of them.
                 used |= {"rollouts": spent["trajectories"], "noise": search.latent_noise, "checked": True,
@@ -293,8 +292,8 @@ class Solver:
                 found, spent = self._fixed(offered, tokens, ttc, cancelled, mine), None
             if cancelled():
                 raise Cancelled("stopped before drawing the answer")
-            return {"model": offered.label, **answer_json(found), "compute": used} | ({"anytime": spent} if spent
-                                                                                     else {})
+            shown = answer_json(dataclasses.replace(found, shape=shape))
+            return {"model": offered.label, **shown, "compute": used} | ({"anytime": spent} if spent else {})
 
     @contextlib.contextmanager
     def _owned(self, solve_id: Optional[str]) -> Iterator[_Solve]:
@@ -389,18 +388,19 @@ class Solver:
                                "protocol": protocol(budget)}
 
     @staticmethod
-    def _puzzle(offered: Offered, puzzle: Any) -> np.ndarray:
-        """The request's puzzle as tokens [S] for ``offered``'s model.
+    def _puzzle(offered: Offered, puzzle: Any) -> tuple[np.ndarray, Optional[tuple[int, int]]]:
+        """The request's puzzle as the tokens [S] ``offered``'s model answers, and a maze's own shape (rows, cols).
 
         Raises:
-            PuzzleInputError: empty, malformed, or of a size the model was not trained on.
+            PuzzleInputError: empty, malformed, or of a size the model does not take.
         """
         if not isinstance(puzzle, str) or not puzzle.strip():
             wanted = "81 characters" if offered.task == "sudoku" else "a maze"
             raise PuzzleInputError(f"the puzzle is empty: give {wanted}")
-        tokens = parse_sudoku(puzzle, "the puzzle") if offered.task == "sudoku" else parse_maze(puzzle, "the maze")[0]
-        check_fits(offered.trained, offered.task, tokens.size, offered.bundled)
-        return tokens
+        tokens, shape = (parse_sudoku(puzzle, "the puzzle"), None) if offered.task == "sudoku" else \
+            parse_maze(puzzle, "the maze")
+        check_fits(offered.trained, offered.task, tokens.size)
+        return model_tokens(offered.trained, offered.task, tokens), shape
 
     def _arc(self, offered: Offered, task, known: bool, ttc: TestTimeCompute) -> dict[str, Any]:
         """Adapt to an ARC task sent as JSON and answer it: both attempts of each test input, with every segment's
