@@ -1,4 +1,4 @@
-"""Maze builder tests: reference CSV reading, hard-maze generation (random and lattice kinds, mixed sizes framed on
+"""Maze builder tests: reference CSV reading, hard-maze generation (random and lattice layouts, mixed sizes framed on
 one canvas), dihedral augmentation, the on-disk format.
 
 Shortest paths are checked with a separate, deliberately plain BFS that counts shortest paths, and the
@@ -286,7 +286,7 @@ def test_generation_is_deterministic_for_any_worker_count(generated, tmp_path):
             assert np.array_equal(array, load_split(again, split)[name])
 
 
-# Digests of builds made by the builder before --min-size, --kind and --cycle-prob existed (numpy 2.4's PCG64
+# Digests of builds made by the builder before --min-size, --layout and --cycle-prob existed (numpy 2.4's PCG64
 # streams): builds that use none of them must keep writing exactly these files.
 DIGEST_BEFORE_FIXTURE = "39c8b01bc102c6e049ffd46ac0ccc71d492d0425ede0ff6d37d5efb1f473ee4a"
 DIGEST_BEFORE_CLI_9X9 = "9abb30f435f3fbb0c661020a704213bb8fc0354f7153d33914252fc23f0daf6f"
@@ -296,7 +296,7 @@ def test_default_builds_are_byte_identical_to_before_the_new_options(generated, 
     assert digest(generated) == DIGEST_BEFORE_FIXTURE
     assert "generation" not in json.loads((generated / "train" / "dataset.json").read_text())
     same = maze.build_maze_dataset(tmp_path / "same", generate=True, size=SIZE, train_size=12, test_size=6,
-                                   min_path_length=MIN_PATH, aug=True, seed=0, min_size=SIZE, kind="random")
+                                   min_path_length=MIN_PATH, aug=True, seed=0, min_size=SIZE, layout="random")
     assert digest(same) == DIGEST_BEFORE_FIXTURE  # --min-size equal to --size is the single-size build
     cli = maze.main(["--generate", "--size", "9", "--train-size", "5", "--test-size", "2", "--seed", "4",
                      "--output-dir", str(tmp_path / "cli")])
@@ -306,8 +306,8 @@ def test_default_builds_are_byte_identical_to_before_the_new_options(generated, 
 def test_framed_mazes_are_solved_inside_their_frame_and_cover_the_sizes():
     sides = set()
     for i in range(50):
-        kind = "random" if i % 2 else "lattice"
-        q, ans, (top, left, side) = maze.generate_framed_maze(np.random.default_rng([3, i]), 10, 6, kind)
+        layout = "random" if i % 2 else "lattice"
+        q, ans, (top, left, side) = maze.generate_framed_maze(np.random.default_rng([3, i]), 10, 6, layout)
         assert q.shape == ans.shape == (10, 10) and q.dtype == ans.dtype == np.uint8
         assert 6 <= side <= 10 and 0 <= top <= 10 - side and 0 <= left <= 10 - side
         inside = np.zeros((10, 10), bool)
@@ -315,7 +315,7 @@ def test_framed_mazes_are_solved_inside_their_frame_and_cover_the_sizes():
         assert (q[~inside] == WALL).all() and (ans[~inside] == WALL).all()
         length = check_solved_maze(q, ans)  # on the whole canvas: the path cannot leave the frame
         assert check_solved_maze(q[inside].reshape(side, side), ans[inside].reshape(side, side)) == length
-        if kind == "random":
+        if layout == "random":
             assert length >= maze.default_min_path_length(side)
         sides.add(side)
     assert sides == set(range(6, 11))
@@ -380,13 +380,13 @@ def test_braided_lattice_mazes_are_solved_uniquely():
 
 
 def test_mixed_build_is_deterministic_deduplicated_and_records_its_settings(tmp_path):
-    kwargs = dict(generate=True, size=10, min_size=6, kind="mixed", train_size=16, test_size=8, aug=True, seed=2)
+    kwargs = dict(generate=True, size=10, min_size=6, layout="mixed", train_size=16, test_size=8, aug=True, seed=2)
     one = maze.build_maze_dataset(tmp_path / "w1", workers=1, **kwargs)
     two = maze.build_maze_dataset(tmp_path / "w2", workers=2, **kwargs)
     assert digest(one) == digest(two)
     for split in ("train", "test"):
         assert json.loads((one / split / "dataset.json").read_text())["generation"] == {
-            "kind": "mixed", "size": 10, "min_size": 6, "min_path_length": None, "seed": 2, "ties": "wall",
+            "layout": "mixed", "size": 10, "min_size": 6, "min_path_length": None, "seed": 2, "ties": "wall",
             "wall_density": [0.3, 0.5], "cycle_prob": 0.5}
     train, test = load_split(one, "train"), load_split(one, "test")
     assert train["inputs"].shape == (16 * 8, 100)
@@ -399,20 +399,21 @@ def test_mixed_build_is_deterministic_deduplicated_and_records_its_settings(tmp_
 
 
 def test_framed_mazes_are_deduplicated_wherever_they_sit():
-    q, _, _ = maze.generate_distinct(3, seed=0, stream=5, size=10, min_path_length=None, min_size=6, kind="mixed")
+    q, _, _ = maze.generate_distinct(3, seed=0, stream=5, size=10, min_path_length=None, min_size=6, layout="mixed")
     inner = crop(q[0])
     moved = np.full((10, 10), WALL, np.uint8)
     moved[10 - inner.shape[0]:, 10 - inner.shape[1]:] = inner[:, ::-1]  # to the bottom-right corner, mirrored
     assert not np.array_equal(moved, q[0])
-    q2, _, _ = maze.generate_distinct(2, seed=0, stream=5, size=10, min_path_length=None, min_size=6, kind="mixed",
+    q2, _, _ = maze.generate_distinct(2, seed=0, stream=5, size=10, min_path_length=None, min_size=6, layout="mixed",
                                       exclude={maze.maze_key(maze.unframe(moved))})
     assert np.array_equal(q2[0], q[1]) and np.array_equal(q2[1], q[2])  # maze 0, moved, was excluded
 
 
 def test_lattice_single_size_build_fills_the_canvas(tmp_path):
-    out = maze.build_maze_dataset(tmp_path / "l31", generate=True, size=31, kind="lattice", train_size=3, test_size=2)
+    out = maze.build_maze_dataset(tmp_path / "l31", generate=True, size=31, layout="lattice", train_size=3, test_size=2)
     assert json.loads((out / "test" / "dataset.json").read_text())["generation"] == {
-        "kind": "lattice", "size": 31, "min_size": 31, "min_path_length": None, "seed": 0, "ties": "wall", "cycle_prob": 0.5}
+        "layout": "lattice", "size": 31, "min_size": 31, "min_path_length": None, "seed": 0, "ties": "wall",
+        "cycle_prob": 0.5}
     a = load_split(out, "train")
     assert a["inputs"].shape == (3, 31 * 31)
     for q, ans in zip(a["inputs"], a["labels"]):
@@ -434,12 +435,13 @@ def test_build_argument_errors(tmp_path):
                              r"--min-size must be in \[5, --size 8\], got 9"),
                             ({"generate": True, "size": 8, "min_size": 4},
                              r"--min-size must be in \[5, --size 8\], got 4"),
-                            ({"generate": True, "kind": "perfect"}, "--kind must be one of random, lattice, mixed"),
-                            ({"generate": True, "kind": "lattice", "cycle_prob": 1.5},
+                            ({"generate": True, "layout": "perfect"}, "--layout must be one of random, lattice, mixed"),
+                            ({"generate": True, "layout": "lattice", "cycle_prob": 1.5},
                              r"--cycle-prob must be in \[0, 1\]"),
-                            ({"generate": True, "cycle_prob": 0.0}, "--cycle-prob shapes lattice mazes: add --kind"),
-                            ({"generate": True, "size": 4, "kind": "lattice"}, "--kind lattice needs --size 5 or more"),
-                            ({"source_dir": tmp_path, "kind": "mixed"}, "--min-size, --kind and --ties shape generated mazes")]:
+                            ({"generate": True, "cycle_prob": 0.0}, "--cycle-prob shapes lattice mazes: add --layout"),
+                            ({"generate": True, "size": 4, "layout": "lattice"}, "--layout lattice needs --size 5 or more"),
+                            ({"source_dir": tmp_path, "layout": "mixed"},
+                             "--min-size, --layout and --ties shape generated mazes")]:
         with pytest.raises(DatasetError, match=message) as info:
             maze.build_maze_dataset(out, **kwargs)
         assert "\n" not in str(info.value)
@@ -492,7 +494,7 @@ def test_cli(tmp_path, capsys, monkeypatch):
         maze.main(["--help"])
     help_text = capsys.readouterr().out
     assert info.value.code == 0
-    assert all(flag in help_text for flag in ("--min-path-length", "--min-size", "--kind", "--cycle-prob"))
+    assert all(flag in help_text for flag in ("--min-path-length", "--min-size", "--layout", "--cycle-prob"))
     for argv, message in [(["--generate", "--size", "1"], "error: --size must be >= 2, got 1"),
                           (["--source-dir", str(tmp_path / "none")],
                            f"error: {tmp_path / 'none' / 'train.csv'} not found"),
@@ -500,11 +502,11 @@ def test_cli(tmp_path, capsys, monkeypatch):
                           (["--generate", "--size", "16", "--min-size", "17"],
                            "error: --min-size must be in [5, --size 16], got 17"),
                           (["--generate", "--min-size", "3"], "error: --min-size must be in [5, --size 30], got 3"),
-                          (["--generate", "--kind", "maze"], "error: argument --kind: invalid choice: 'maze'"),
-                          (["--generate", "--kind", "lattice", "--cycle-prob", "2"],
+                          (["--generate", "--layout", "maze"], "error: argument --layout: invalid choice: 'maze'"),
+                          (["--generate", "--layout", "lattice", "--cycle-prob", "2"],
                            "error: argument --cycle-prob: '2': give a number in [0, 1]"),
                           (["--generate", "--cycle-prob", "0"], "error: --cycle-prob shapes lattice mazes"),
-                          (["--kind", "lattice"], "error: --min-size, --kind and --ties shape generated mazes")]:
+                          (["--layout", "lattice"], "error: --min-size, --layout and --ties shape generated mazes")]:
         monkeypatch.setattr(sys, "argv", ["build_maze_dataset.py", *argv, "--output-dir", str(tmp_path / "x")])
         with pytest.raises(SystemExit) as info:
             runpy.run_path(str(REPO / "scripts" / "build_maze_dataset.py"), run_name="__main__")
@@ -575,7 +577,7 @@ def test_ties_first_marks_the_first_shortest_path_of_each_view():
 
 
 def test_ties_first_dataset_labels_each_augmented_view(tmp_path):
-    out = maze.build_maze_dataset(tmp_path / "ties", generate=True, size=10, min_size=6, kind="mixed", train_size=6,
+    out = maze.build_maze_dataset(tmp_path / "ties", generate=True, size=10, min_size=6, layout="mixed", train_size=6,
                                   test_size=2, aug=True, ties="first")
     inputs = np.load(out / "train" / "all__inputs.npy").reshape(-1, 10, 10)
     labels = np.load(out / "train" / "all__labels.npy").reshape(-1, 10, 10)

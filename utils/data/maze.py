@@ -8,8 +8,8 @@ Three sources:
     the question with its shortest path marked ``o`` (S and G stay);
   * ``--source-dir DIR``: a local copy of those CSVs (the same CSVs give byte-identical arrays);
   * ``--generate``: offline generation of mazes whose shortest path is unique: Maze-Hard's random walls
-    (:func:`generate_maze`), depth-first-search lattice mazes with and without cycles (``--kind lattice``,
-    :func:`generate_lattice_maze`) or either at random (``--kind mixed``); of one size, or of sides drawn from
+    (:func:`generate_maze`), depth-first-search lattice mazes with and without cycles (``--layout lattice``,
+    :func:`generate_lattice_maze`) or either at random (``--layout mixed``); of one size, or of sides drawn from
     [``--min-size``, ``--size``] and framed with walls on the size x size canvas (:func:`generate_framed_maze`).
 
 The format follows the reference builder (``sapientinc/HRM`` dataset/build_maze_dataset.py):
@@ -24,7 +24,7 @@ reads the output too; like TRM's builder it holds the number of groups.
 Examples (the reference "Maze-Hard 30x30 1k" with augmentation, the TRM recipe; mixed sizes and kinds for a
 size-agnostic model):
     python scripts/build_maze_dataset.py --output-dir data/maze-30x30-hard-1k-aug --aug
-    python scripts/build_maze_dataset.py --generate --kind mixed --size 16 --min-size 6 --train-size 24000 \
+    python scripts/build_maze_dataset.py --generate --layout mixed --size 16 --min-size 6 --train-size 24000 \
         --test-size 256 --aug --workers 2 --output-dir data/maze-mixed-6to16
 """
 
@@ -64,8 +64,8 @@ WALL_DENSITY = (0.3, 0.5)  # Lehnert et al. 2024 (the maze generator HRM's Maze-
 MAX_ATTEMPTS = 20_000  # random wall layouts tried per maze before giving up (about 100x the need at the defaults)
 
 TIES = ("wall", "first")  # --ties: wall cells until the shortest path is unique, or keep them and mark the first
-KINDS = ("random", "lattice", "mixed")  # --kind: Maze-Hard's random walls, depth-first lattice mazes, or either
-MIXED_LATTICE_SHARE = 0.5  # --kind mixed: the probability that a maze is a lattice maze
+LAYOUTS = ("random", "lattice", "mixed")  # --layout: Maze-Hard's random walls, depth-first lattice mazes, or either
+MIXED_LATTICE_SHARE = 0.5  # --layout mixed: the probability that a maze is a lattice maze
 # The smallest --min-size: a random 4x4 layout never has the 11-move path its threshold asks for (none in 20,000
 # draws), and the smallest lattice maze with two cells apart is 5x5 (a 4x4 one is a 5x5 less two walls).
 MIN_SIZE = 5
@@ -230,7 +230,7 @@ def _dag_layers(open_bits: int, s: int, g: int, size: int) -> list[int]:
 
 def generate_maze(rng: np.random.Generator, size: int = REFERENCE_SIZE, min_path_length: int | None = None,
                   wall_density: tuple[float, float] = WALL_DENSITY, ties: str = "wall") -> tuple[np.ndarray, np.ndarray]:
-    """One hard maze whose shortest path from S to G is unique (the ``random`` kind).
+    """One hard maze whose shortest path from S to G is unique (the ``random`` layout).
 
     The HRM paper builds Maze-Hard with the generator of Lehnert et al. 2024 ("Beyond A*": each cell
     is a wall at random, 30-50% walls, random start and goal) and keeps mazes whose shortest path has
@@ -278,8 +278,8 @@ def _pick_ends(open_bits: int, ends: int, size: int, min_path_length: int, rng: 
 
     S is a farthest end from a random end (the first sweep of the double-sweep diameter bound); G is drawn
     uniformly from the ends at least ``min_path_length`` moves from S. When no end is that far: None, so the
-    caller redraws the layout (the random kind), or with ``farthest_if_none`` a random farthest end (the lattice
-    kind, which keeps every layout). Without ``farthest_if_none``, a layout is given up after the first sweep when
+    caller redraws the walls (the random layout), or with ``farthest_if_none`` a random farthest end (the lattice
+    layout, which keeps every maze). Without ``farthest_if_none``, a layout is given up after the first sweep when
     no two of its cells can be that far apart (the distance between any two is at most twice the first end's
     eccentricity), which saves most of the second sweep on the many layouts that fail.
     """
@@ -456,7 +456,7 @@ def _lattice_layout(rng: np.random.Generator, side: int, cycle_prob: float) -> t
 
 def generate_lattice_maze(rng: np.random.Generator, size: int, min_path_length: int | None = None,
                           cycle_prob: float = CYCLE_PROB, ties: str = "wall") -> tuple[np.ndarray, np.ndarray]:
-    """One lattice maze (the ``lattice`` kind) whose shortest path from S to G is unique.
+    """One lattice maze (the ``lattice`` layout) whose shortest path from S to G is unique.
 
     The layout is :func:`_lattice_layout`'s: a perfect maze by randomized depth-first search (long corridors, one
     path between any two cells), braided with probability ``cycle_prob``, with or without its outer wall. S and G
@@ -492,16 +492,16 @@ def side_min_path_length(min_path_length: int | None, size: int, side: int) -> i
     return max(1, round(min_path_length * (side / size) ** CHEMICAL_DISTANCE_EXPONENT))
 
 
-def generate_framed_maze(rng: np.random.Generator, size: int, min_size: int | None = None, kind: str = "random",
+def generate_framed_maze(rng: np.random.Generator, size: int, min_size: int | None = None, layout: str = "random",
                          min_path_length: int | None = None, wall_density: tuple[float, float] = WALL_DENSITY,
                          cycle_prob: float = CYCLE_PROB,
                          ties: str = "wall") -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
-    """One maze of a random side in [``min_size``, ``size``] and of ``kind``, framed with walls on a size x size canvas.
+    """One maze of a random side in [``min_size``, ``size``] and of ``layout``, framed with walls on a size x size canvas.
 
-    The side is drawn uniformly, then the kind (``mixed``: lattice with probability :data:`MIXED_LATTICE_SHARE`),
+    The side is drawn uniformly, then the layout (``mixed``: lattice with probability :data:`MIXED_LATTICE_SHARE`),
     the maze (:func:`generate_maze` or :func:`generate_lattice_maze`, at :func:`side_min_path_length`), and its
     top-left corner on the canvas, uniformly. Walls around a maze change none of its paths, so the answer stays its
-    unique shortest path. With ``min_size`` None or ``size`` nothing is drawn but the maze: ``kind`` random then
+    unique shortest path. With ``min_size`` None or ``size`` nothing is drawn but the maze: ``layout`` random then
     gives exactly ``generate_maze(rng, size, min_path_length, wall_density)``.
 
     Returns:
@@ -509,7 +509,7 @@ def generate_framed_maze(rng: np.random.Generator, size: int, min_size: int | No
         rows top..top+side-1 and columns left..left+side-1, where the maze is.
     """
     side = size if min_size is None or min_size == size else int(rng.integers(min_size, size + 1))
-    lattice = kind == "lattice" or (kind == "mixed" and rng.random() < MIXED_LATTICE_SHARE)
+    lattice = layout == "lattice" or (layout == "mixed" and rng.random() < MIXED_LATTICE_SHARE)
     threshold = side_min_path_length(min_path_length, size, side)
     if lattice:
         question, answer = generate_lattice_maze(rng, side, threshold, cycle_prob, ties)
@@ -549,7 +549,7 @@ def _generate_one(index: int, seed: int, stream: int, **settings) -> tuple[np.nd
 def generate_distinct(count: int, seed: int, stream: int, size: int, min_path_length: int | None,
                       wall_density: tuple[float, float] = WALL_DENSITY, workers: int = 1,
                       exclude: set[bytes] | None = None, desc: str = "generate", *, min_size: int | None = None,
-                      kind: str = "random", cycle_prob: float = CYCLE_PROB,
+                      layout: str = "random", cycle_prob: float = CYCLE_PROB,
                       ties: str = "wall") -> tuple[np.ndarray, np.ndarray, set[bytes]]:
     """Generate ``count`` mazes (:func:`generate_framed_maze`), no two equal up to a dihedral transform, none in
     ``exclude``.
@@ -561,7 +561,7 @@ def generate_distinct(count: int, seed: int, stream: int, size: int, min_path_le
     Returns:
         questions, answers uint8 [count, size, size] tokens, and the keys seen (``exclude`` plus the new ones).
     """
-    work = partial(_generate_one, seed=seed, stream=stream, size=size, min_size=min_size, kind=kind,
+    work = partial(_generate_one, seed=seed, stream=stream, size=size, min_size=min_size, layout=layout,
                    min_path_length=min_path_length, wall_density=wall_density, cycle_prob=cycle_prob, ties=ties)
     framed = min_size is not None and min_size != size
     key = (lambda q, a: maze_key(unframe(q))) if framed else (lambda q, a: maze_key(q))
@@ -591,7 +591,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
                        min_path_length: int | None = None, wall_density: tuple[float, float] = WALL_DENSITY,
                        subsample_size: int | None = None, aug: bool = False, seed: int = 0, workers: int = 1,
                        overwrite: bool = False, repo: str | None = None, revision: str | None = None,
-                       min_size: int | None = None, kind: str = "random", cycle_prob: float | None = None,
+                       min_size: int | None = None, layout: str = "random", cycle_prob: float | None = None,
                        ties: str = "wall") -> Path:
     """Build a maze dataset at ``output_dir`` from the reference CSVs (the Hugging Face Hub's, or a local copy) or by
     generation.
@@ -601,8 +601,8 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
     ``workers``). Generated mazes are pairwise distinct up to the 8 dihedral transforms, so no test
     maze is a training maze or an augmentation of one. A Hub build's ``dataset.json`` also records, under
     ``source``, the repo, the commit and each CSV's SHA-256 and rows; its other files are byte-identical to a
-    ``source_dir`` build of the same CSVs. A generated build with ``min_size`` < ``size`` or a ``kind`` other than
-    random records its settings in each split's ``dataset.json`` under ``generation`` (kind, size, min_size,
+    ``source_dir`` build of the same CSVs. A generated build with ``min_size`` < ``size`` or a ``layout`` other than
+    random records its settings in each split's ``dataset.json`` under ``generation`` (layout, size, min_size,
     min_path_length, wall_density and/or cycle_prob, seed); a default build's files are as before these options.
 
     Args:
@@ -621,7 +621,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
         overwrite: replace an existing dataset at ``output_dir``.
         min_size: generated mazes' sides are drawn from [``min_size``, ``size``] and framed with walls on the size x
             size canvas (None: all ``size``); ``MIN_SIZE`` or more.
-        kind: ``random`` (Maze-Hard: :func:`generate_maze`), ``lattice`` (:func:`generate_lattice_maze`) or ``mixed``
+        layout: ``random`` (Maze-Hard: :func:`generate_maze`), ``lattice`` (:func:`generate_lattice_maze`) or ``mixed``
             (each maze either, with probability 1/2).
         cycle_prob: the probability that a lattice maze has cycles, in [0, 1] (None: :data:`CYCLE_PROB`); lattice and
             mixed kinds only.
@@ -643,7 +643,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
     low, high = wall_density
     if not 0 <= low <= high < 1:
         raise DatasetError(f"--wall-density must be LOW HIGH with 0 <= LOW <= HIGH < 1, got {low} {high}")
-    generation = _generation_record(generate, size, min_size, kind, cycle_prob, min_path_length, wall_density, seed,
+    generation = _generation_record(generate, size, min_size, layout, cycle_prob, min_path_length, wall_density, seed,
                                     ties)
     cycle_prob = CYCLE_PROB if cycle_prob is None else cycle_prob
     check_output_dir(output_dir, overwrite)
@@ -653,7 +653,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
         train_q, train_a, test_q, test_a = common.generate_train_test(
             lambda count, stream, exclude, desc: generate_distinct(
                 count, seed, stream, size, min_path_length, wall_density, workers, exclude, desc, min_size=min_size,
-                kind=kind, cycle_prob=cycle_prob, ties=ties),
+                layout=layout, cycle_prob=cycle_prob, ties=ties),
             train_size, test_size, workers, "mazes")
     else:
         train_q, train_a = read_maze_csv(source.directory / "train.csv")
@@ -680,7 +680,7 @@ def build_maze_dataset(output_dir: str | os.PathLike, *, source_dir: str | os.Pa
     return output_dir
 
 
-def _generation_record(generate: bool, size: int, min_size: int | None, kind: str, cycle_prob: float | None,
+def _generation_record(generate: bool, size: int, min_size: int | None, layout: str, cycle_prob: float | None,
                        min_path_length: int | None, wall_density: tuple[float, float], seed: int,
                        ties: str = "wall") -> dict | None:
     """Check the options of mixed sizes and kinds; the settings ``dataset.json`` records with them, those that matter
@@ -689,30 +689,30 @@ def _generation_record(generate: bool, size: int, min_size: int | None, kind: st
     Raises:
         DatasetError: naming the option and the range.
     """
-    if kind not in KINDS:
-        raise DatasetError(f"--kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if layout not in LAYOUTS:
+        raise DatasetError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if cycle_prob is not None and not 0 <= cycle_prob <= 1:
         raise DatasetError(f"--cycle-prob must be in [0, 1], got {cycle_prob}")
-    if cycle_prob is not None and kind == "random":
-        raise DatasetError("--cycle-prob shapes lattice mazes: add --kind lattice or --kind mixed, or drop it")
+    if cycle_prob is not None and layout == "random":
+        raise DatasetError("--cycle-prob shapes lattice mazes: add --layout lattice or --layout mixed, or drop it")
     if ties not in TIES:
         raise DatasetError(f"--ties must be one of {', '.join(TIES)}, got {ties!r}")
-    if min_size is None and kind == "random" and ties == "wall":
+    if min_size is None and layout == "random" and ties == "wall":
         return None
     if not generate:
-        raise DatasetError("--min-size, --kind and --ties shape generated mazes: add --generate, or drop them")
+        raise DatasetError("--min-size, --layout and --ties shape generated mazes: add --generate, or drop them")
     if min_size is not None and not MIN_SIZE <= min_size <= size:
         raise DatasetError(f"--min-size must be in [{MIN_SIZE}, --size {size}], got {min_size}")
-    if kind != "random" and size < MIN_SIZE:
-        raise DatasetError(f"--kind {kind} needs --size {MIN_SIZE} or more, got {size}")
+    if layout != "random" and size < MIN_SIZE:
+        raise DatasetError(f"--layout {layout} needs --size {MIN_SIZE} or more, got {size}")
     min_size = size if min_size is None else min_size
-    if min_size == size and kind == "random" and ties == "wall":
+    if min_size == size and layout == "random" and ties == "wall":
         return None
-    record = {"kind": kind, "size": size, "min_size": min_size, "min_path_length": min_path_length, "seed": seed,
+    record = {"layout": layout, "size": size, "min_size": min_size, "min_path_length": min_path_length, "seed": seed,
               "ties": ties}
-    if kind != "lattice":
+    if layout != "lattice":
         record["wall_density"] = list(wall_density)
-    if kind != "random":
+    if layout != "random":
         record["cycle_prob"] = CYCLE_PROB if cycle_prob is None else cycle_prob
     return record
 
@@ -735,7 +735,7 @@ def main(argv: list[str] | None = None) -> Path:
                "  python scripts/build_maze_dataset.py --generate --output-dir data/maze-gen-30x30-1k --aug --workers 2\n"
                "  python scripts/build_maze_dataset.py --generate --size 12 --train-size 200 --test-size 50 "
                "--output-dir data/maze-gen-12x12\n"
-               "  python scripts/build_maze_dataset.py --generate --kind mixed --size 16 --min-size 6 "
+               "  python scripts/build_maze_dataset.py --generate --layout mixed --size 16 --min-size 6 "
                "--train-size 24000 --test-size 256 --aug --workers 2 --output-dir data/maze-mixed-6to16",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -760,12 +760,12 @@ def main(argv: list[str] | None = None) -> Path:
                      help=f"draw each maze's side from [MIN_SIZE, SIZE] and frame it with walls at a random place on "
                           f"the size x size canvas ({MIN_SIZE} or more; default: --size, one size); --min-path-length "
                           "is then the threshold at --size, scaled to each side")
-    gen.add_argument("--kind", choices=KINDS, default="random",
+    gen.add_argument("--layout", choices=LAYOUTS, default="random",
                      help="random: Maze-Hard's random walls (default); lattice: depth-first-search mazes on the "
                           "(2n+1)-grid of cells and walls, some with cycles, with and without an outer wall; mixed: "
                           "each maze either, at random")
     gen.add_argument("--cycle-prob", type=number_in(0, 1),
-                     help=f"--kind lattice or mixed: the probability that a lattice maze is braided, 3-15%% of its "
+                     help=f"--layout lattice or mixed: the probability that a lattice maze is braided, 3-15%% of its "
                           f"interior walls opened, making cycles (default {CYCLE_PROB})")
     gen.add_argument("--ties", choices=TIES, default="wall",
                      help="wall: wall cells until the shortest path is unique, as Maze-Hard's answers are (default); "
@@ -777,6 +777,6 @@ def main(argv: list[str] | None = None) -> Path:
         args.output_dir, source_dir=args.source_dir, generate=args.generate, size=args.size, train_size=args.train_size,
         test_size=args.test_size, min_path_length=args.min_path_length, wall_density=tuple(args.wall_density),
         subsample_size=args.subsample_size, aug=args.aug, seed=args.seed, workers=args.workers, overwrite=args.overwrite,
-        repo=args.repo, revision=args.revision, min_size=args.min_size, kind=args.kind, cycle_prob=args.cycle_prob,
+        repo=args.repo, revision=args.revision, min_size=args.min_size, layout=args.layout, cycle_prob=args.cycle_prob,
         ties=args.ties,
     )
