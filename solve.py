@@ -33,6 +33,7 @@ from typing import Optional
 
 from utils.cli import ArgumentParser, non_negative_int, positive_int
 from utils.data.user_puzzles import PuzzleInputError
+from utils.eval.bundled import BUNDLED
 from utils.config import ConfigError
 from utils.eval.flags import add_budget_argument, add_test_time_arguments
 from utils.outputs import check_writable_dir
@@ -45,11 +46,15 @@ PUZZLE_FLAGS = {"sudoku": "81 characters (1-9, . or 0 for blanks) or a file of S
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    maze_side = BUNDLED["maze"].side
+    maze_note = f" ({BUNDLED['maze'].what}; a smaller one is framed with walls)"
     parser = ArgumentParser(prog="solve.py", description=__doc__.split("\n\n")[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="Sudoku: 81 characters row by row, 1-9 and . or 0 for blanks, or a file of them (a "
-                                   "CSV with a question column, or one per line).\nMaze: a square text grid of # (wall), "
-                                   "space (open), S and G.\nARC: a task JSON in the ARC Prize format "
+                                   "CSV with a question column, or one per line).\nMaze: a text grid, any rectangle, of "
+                                   "# (wall; also * or a block), space or . (open), S and G (or E); or a file of them, "
+                                   "or a Maze-Hard CSV. The bundled maze model takes mazes of up to "
+                                   f"{maze_side}x{maze_side}{maze_note}.\nARC: a task JSON in the ARC Prize format "
                                    "({\"train\": [{\"input\", \"output\"}...], \"test\": [{\"input\"}...]}).")
     parser.add_argument("--checkpoint", action="append", default=None,
                         help="a checkpoint file, a run directory (its best.pt), a folder of runs (its newest), or "
@@ -210,7 +215,7 @@ def solve_a_file(args: argparse.Namespace, task: str, path: Path, device, dtype,
     from utils.eval.anytime import anytime_compute, default_search, protocol
     from utils.eval.file_solving import solve_file
     from utils.eval.reasoning import test_time_compute
-    from utils.eval.solving import BUNDLED, check_budget, open_model
+    from utils.eval.solving import check_budget, open_model
 
     # The smallest of the first puzzles opens the model: one that takes any of them takes it; each is checked later.
     sizes = [e.tokens.size for e in itertools.islice(iter_puzzle_file(task, path), 1000) if e.tokens is not None]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
+from utils.eval.bundled import BUNDLED
 from utils.data.user_puzzles import (PuzzleInputError, format_maze, format_sudoku, frame_maze, read_mazes,
                                      read_sudokus)
 from utils.device import host_memory, memory_available
@@ -32,18 +33,6 @@ from utils.eval.reasoning import (CHECKED, FLAG_NAMES, RULES, SETTING_NAMES, TES
                                   TestTimeComputeError, initial_carry, reason, run_segments, stacked_initial_carry)
 
 
-class Bundled(NamedTuple):
-    """The model that answers a task when no checkpoint is given: its ``file`` in BUNDLED_DIR, ``what`` it was trained
-    on (its card says more), and the ``side`` of the largest square grid it takes (a smaller maze is framed with
-    walls up to a fixed-size model's side)."""
-
-    file: str
-    what: str
-    side: int
-
-
-BUNDLED = {"sudoku": Bundled("sudoku_hard_trm.pt", "hard 9x9 Sudoku", 9),
-           "maze": Bundled("maze_10x10_trm.pt", "10x10 mazes", 10)}
 # Each task's vocabulary (utils/data/user_puzzles.py, utils/data/arc.py) and how to name its puzzles.
 VOCAB = {"sudoku": (11, "Sudoku"), "maze": (6, "mazes"), "arc": (COLOUR_OFFSET + 10, "ARC grids")}
 TASK_SEQ_LEN = {"sudoku": 81, "arc": ARC_SEQ_LEN}  # a maze's is its own: side x side
