@@ -231,6 +231,10 @@ VALID: dict[tuple[str, str, str], str] = {
                              ("scripts/build_outside_sudoku.py", "--output-dir"),
                              ("scripts/build_sudoku_dataset.py", "--output-dir"), ("scripts/bundle_model.py", "--out")]},
     ("scripts/benchmark_test_time.py", "--picture", "a-file.txt"): "the picture replaces the file",
+    ("scripts/benchmark_maze_sizes.py", "--budget", "0"): "0: model-only figures, no anytime solving (--help)",
+    ("scripts/benchmark_maze_sizes.py", "--seed", "0"): "a seed of 0 is a seed",
+    **{("scripts/benchmark_maze_sizes.py", flag, value): "an output: created, or the file replaced"
+       for flag in ("--json", "--picture") for value in ("no-such-path", "a-file.txt")},
     **{("evaluate.py", flag, value): "an output: created, or written into (a folder) or replaced (a file)"
        for flag, values in [("--save-outputs", ["no-such-path", "a-folder"]),
                             ("--submission", ["no-such-path", "a-file.txt"]), ("--report", ["no-such-path", "a-file.txt"])]
