@@ -663,9 +663,13 @@ def report_length(setup: Setup, data: PuzzleData, state: PuzzleTrainState) -> fl
     estimate = Estimate(per_step, matmul_rate(setup.device, setup.dtype), steps)
     log.info(estimate.told(setup.device))
     if setup.device.type == "cpu" and estimate.seconds > LONG_RUN_HOURS * 3600:
-        log.warning("this recipe would take about %s on this CPU; the recipes made for a CPU: python pretrain.py "
-                    "--config-name=%s (HRM) or --config-name=cfg_pretrain_trm_cpu (TRM)", duration(estimate.seconds),
-                    HRM_CONFIGS["cpu"])
+        if any("_cpu" in Path(layer).stem for layer in setup.plan.sources.values()):  # a long recipe made for a CPU
+            log.info("this CPU recipe takes about %s here: a stop (Ctrl-C, SIGTERM) keeps a checkpoint, and the same "
+                     "command with resume=auto continues it", duration(estimate.seconds))
+        else:
+            log.warning("this recipe would take about %s on this CPU; the recipes made for a CPU: python pretrain.py "
+                        "--config-name=%s (HRM) or --config-name=cfg_pretrain_trm_cpu (TRM)",
+                        duration(estimate.seconds), HRM_CONFIGS["cpu"])
     return estimate.seconds
 
 
