@@ -1,0 +1,147 @@
+"""Mazes of other sizes than a model's, end to end on device=cpu: every dihedral view of a rectangle framed into a
+square maps back exactly; a fixed-size model (the bundled 10x10 one) gets a smaller maze framed with walls and
+refuses a larger one in one line; a grid model (token_mixer conv, trained here for a few steps) answers mazes of any
+side, files of mixed sides and datasets of another side; a maze whose S and G do not connect ends at once.
+
+A tiny model's answers are mostly wrong: what is checked is that each answer is judged by the rules of the user's own
+maze and shown in its own shape, never which answer a model gives.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import evaluate
+import pretrain
+import solve
+from utils.data.common import dihedral
+from utils.data.maze import build_maze_dataset, mark_first_path
+from utils.data.user_puzzles import format_maze, maze_problems, parse_maze, read_mazes
+from utils.eval.reasoning import dihedral_order
+from utils.eval.search import View
+
+ROOT = Path(__file__).resolve().parent.parent
+OUTSIDE = ROOT / "utils" / "data" / "maze_outside"
+GRID_TRM = ["compile=false", "device=cpu", "forward_dtype=float32", "arch.hidden_size=16", "arch.num_heads=2",
+            "arch.L_layers=1", "arch.H_cycles=1", "arch.L_cycles=1", "arch.halt_max_steps=2", "arch.expansion=2",
+            "global_batch_size=8", "epochs=2", "eval_interval=1", "log_interval=2", "lr_warmup_steps=2",
+            "eval_halt_max_steps=2"]
+# 6 rows of 11, two shortest paths: along the top and down, or down and along the bottom.
+RECTANGLE = ("###########\n"
+             "#S        #\n"
+             "# ####### #\n"
+             "# ####### .\n"
+             "#        G#\n"
+             "###########\n")
+
+
+def printed_mazes(printed: str, rows: int) -> list[str]:
+    """Each maze answer solve.py printed: the ``rows`` lines after each verdict line."""
+    lines = printed.splitlines()
+    starts = [i for i, line in enumerate(lines) if re.search(r": (NOT )?consistent", line)]
+    return ["\n".join(lines[i + 1:i + 1 + rows]) for i in starts]
+
+
+def test_every_view_of_a_framed_rectangle_maps_back_exactly():
+    """A 6x11 maze is framed into an 11x11 square; each of the 8 dihedral views, solved in its own orientation (its
+    first shortest path) and mapped back, is a shortest path of the original, and crops back to its 6x11 rows."""
+    tokens, shape = parse_maze(RECTANGLE, "rectangle")
+    assert shape == (6, 11) and tokens.size == 121
+    assert (tokens.reshape(11, 11)[6:] == 1).all()  # the frame: walls below
+    answers = set()
+    for t in range(8):
+        view = View(dihedral_order(11, t), np.arange(6))
+        seen = view.apply(tokens)
+        assert np.array_equal(seen.reshape(11, 11), dihedral(tokens.reshape(11, 11), t))
+        back = view.back(mark_first_path(seen.reshape(11, 11)).ravel())
+        assert maze_problems(back, tokens) == []
+        assert np.array_equal(view.back(seen), tokens)
+        shown = format_maze(back, shape).splitlines()
+        assert len(shown) == 6 and {len(row) for row in shown} == {11}
+        answers.add(back.tobytes())
+    assert len(answers) == 2  # the views' first paths go both ways round the block: both shortest, both kept
+
+
+def test_the_bundled_fixed_size_model_frames_a_smaller_maze_and_refuses_a_larger_one(tmp_path, capsys):
+    """The bundled 10x10 model answers a 9x9 lattice maze (mazelib's) framed with walls, its answer printed in 9 rows
+    and judged by the 9x9 maze's rules; an 11x11 maze is one line and exit 2; a 9x9 maze whose S and G do not
+    connect ends at once."""
+    (_, nine, shape), *_ = read_mazes(str(OUTSIDE / "mazelib_perfect.txt"))
+    assert shape == (9, 9)
+    maze = tmp_path / "nine.txt"
+    maze.write_text(format_maze(nine))
+    out = tmp_path / "out"
+    code = solve.main(["--device", "cpu", "--maze", str(maze), "--out", str(out), "--budget", "0", "--quiet"])
+    printed = capsys.readouterr().out
+    (shown,) = printed_mazes(printed, 9)
+    answer, _ = parse_maze(shown.replace("o", " "), "shown")
+    assert np.array_equal(answer, nine)  # the answer shown is the user's 9x9 maze, walls and all
+    marked = np.frombuffer(shown.replace("\n", "").encode(), np.uint8)
+    grid = np.where(marked == ord("o"), 5, nine)
+    consistent = not maze_problems(grid, nine)
+    assert code == (0 if consistent else 1) and ("nine: consistent" in printed) == consistent
+
+    large = tmp_path / "eleven.txt"
+    large.write_text("\n".join(["S" + " " * 10] + [" " * 11] * 9 + [" " * 10 + "G"]))
+    assert solve.main(["--device", "cpu", "--maze", str(large), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "larger than the bundled model maze_10x10_trm.pt takes: at most 10x10" in err
+    assert "cfg_pretrain_trm_maze_grid_cpu" in err
+
+    walled = tmp_path / "walled.txt"
+    walled.write_text("#########\n#S#     #\n###     #\n#      G#\n#########\n")
+    assert solve.main(["--device", "cpu", "--maze", str(walled), "--out", str(out)]) == 1
+    assert "S and G are not connected in this maze" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def grid_run(tmp_path_factory):
+    """A tiny grid TRM (token_mixer conv) trained 2 epochs on 32 mixed mazes of sides 6..8 on an 8x8 canvas."""
+    root = tmp_path_factory.mktemp("grid")
+    data = build_maze_dataset(root / "data", generate=True, size=8, min_size=6, layout="mixed", ties="first",
+                              train_size=32, test_size=8, seed=0)
+    run = root / "run"
+    assert pretrain.main(["--config-name=cfg_pretrain_trm_maze_grid_cpu", f"data_paths=[{data}]",
+                          "dataset_builder=null", f"checkpoint_path={run}", *GRID_TRM]) == 0
+    return run
+
+
+def test_a_grid_model_answers_mazes_of_any_side_in_their_own_shape(grid_run, tmp_path, capsys):
+    """A model trained on an 8x8 canvas answers a 6x11 rectangle and a 13x13 maze (its segments scaled by the side);
+    a file of mazes of three sides is answered row by row, each row in its maze's own shape."""
+    maze = tmp_path / "rectangle.txt"
+    maze.write_text(RECTANGLE)
+    out = tmp_path / "out"
+    code = solve.main(["--device", "cpu", "--checkpoint", str(grid_run), "--maze", str(maze), "--out", str(out),
+                       "--budget", "0", "--quiet"])
+    (shown,) = printed_mazes(capsys.readouterr().out, 6)
+    rows = shown.splitlines()
+    assert code in (0, 1) and len(rows) == 6 and {len(r) for r in rows} == {11}
+
+    mazes = [text for text in (OUTSIDE / "maze_dataset_cycles.txt").read_text().split("\n\n") if text.strip()]
+    chosen = [mazes[0], mazes[8], RECTANGLE.rstrip("\n")]  # 9x9, 13x13 and the 6x11 rectangle
+    many = tmp_path / "many.txt"
+    many.write_text("\n\n".join(chosen) + "\n")
+    code = solve.main(["--device", "cpu", "--checkpoint", str(grid_run), "--maze", str(many), "--out",
+                       str(tmp_path / "file"), "--budget", "0.5", "--quiet"])
+    with open(tmp_path / "file" / "answers.csv", newline="") as f:
+        answered = list(csv.DictReader(f))
+    assert [len(row["puzzle"].split("|")) for row in answered] == [9, 13, 6]
+    for row, text in zip(answered, chosen):
+        assert row["puzzle"] == format_maze(*parse_maze(text, "m")).replace("\n", "|")
+        assert len(row["answer"].split("|")) == len(row["puzzle"].split("|"))
+        assert row["verdict"] == "consistent" or row["verdict"].startswith("NOT consistent")
+    assert code in (0, 1)
+
+
+def test_evaluate_takes_a_grid_model_to_a_dataset_of_another_side(grid_run, tmp_path, capsys):
+    data = build_maze_dataset(tmp_path / "twelve", generate=True, size=12, layout="lattice", train_size=2,
+                              test_size=4, seed=3)
+    assert evaluate.main(["--checkpoint", str(grid_run), "--data-path", str(data), "--device", "cpu", "--segments",
+                          "3", "--budget", "0"]) == 0
+    assert "exact_accuracy" in capsys.readouterr().out
