@@ -43,7 +43,7 @@ _NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # A name longer than this (in bytes) is refused where the file system does not tell its own limit.
 _NAME_MAX = 255
 # mkstemp makes its file 0600; a finished output gets the mode open() would give it, as the user's umask asks.
-_FILE_MODE = 0o666 & ~_process_umask()
+FILE_MODE = 0o666 & ~_process_umask()
 
 
 class OutputPathError(UserError):
@@ -64,9 +64,14 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
         path: the output directory.
         what: how the user named it, for the message (e.g. ``"--output-dir"``).
     Raises:
-        OutputPathError: naming ``what``, ``path``, the ancestor at fault and the reason.
+        OutputPathError: naming ``what``, ``path``, the ancestor at fault and the reason, or a folder name longer than
+            the file system takes.
     """
-    _check_can_create(Path(path), Path(path), what)
+    path = Path(path)
+    for part in (path, *path.parents):  # every folder on the way: a name past the limit fails only when it is made
+        if part.name:
+            _check_name_length(part, what)
+    _check_can_create(path, path, what)
 
 
 def check_writable_file(path: str | os.PathLike, what: str) -> None:
@@ -168,7 +173,7 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None],
         path.parent.mkdir(parents=True, exist_ok=True)
         # A short prefix: a name that fits the file system keeps fitting with the temporary file's additions.
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:32]}.", suffix=".tmp", dir=path.parent)
-        os.chmod(tmp, _FILE_MODE)  # by path: os.fchmod is missing on Windows before Python 3.13
+        os.chmod(tmp, FILE_MODE)  # by path: os.fchmod is missing on Windows before Python 3.13
         with os.fdopen(fd, "wb") as f:
             try:
                 write(f)
@@ -190,6 +195,21 @@ def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], None],
         raise OutputWriteError(f"could not write {what} {path} ({cause.strerror or cause}) after {written:,} bytes, "
                                f"{_free_space(path.parent)}; {path} was not changed: {cure}, then run again") from None
     return path
+
+
+def write_failure(path: Path, error: OSError, what: str) -> OutputWriteError:
+    """The one-line error of an append to ``path`` (a file written as it goes, such as ``answers.csv``) that failed
+    with ``error``: the path, the reason, the bytes it holds, the free space and the cure; what was written before the
+    failure is kept, so the same command continues it."""
+    try:
+        size = f"{os.path.getsize(path):,} bytes"
+    except OSError:
+        size = "an unknown size"
+    cure = ("free some space or raise the file-size limit (ulimit -f)" if error.errno in _NO_ROOM else
+            "choose another location")
+    return OutputWriteError(f"could not write {what} to {path} ({error.strerror or error}) at {size}, "
+                            f"{_free_space(path.parent)}: {cure}, then run the same command again to continue; "
+                            "everything written before is kept")
 
 
 def replace_together(moves: dict[Path, Path], what: str) -> None:

@@ -171,12 +171,31 @@ def iter_puzzle_file(task: str, path: Path) -> Iterator[FileEntry]:
             yield from _maze_csv(handle, path) if is_csv else _maze_blocks(handle, path)
 
 
+def _csv_rows(handle, path: Path) -> Iterator[tuple[int, Optional[dict], Optional[str]]]:
+    """``(line, row, None)`` for each row of a CSV file with a header, or ``(line, None, error)`` for a row the reader
+    cannot take (a field past the CSV reader's limit of 131,072 characters, a NUL), so that one such row never stops
+    the rest of the file."""
+    reader = csv.DictReader(handle)
+    while True:
+        line = reader.line_num + 1  # the row's first line: csv's count is not advanced when a row fails
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            yield line, None, f"{path.name} line {line}: not a CSV row ({e}); give its puzzle in a text file instead"
+            continue
+        yield reader.line_num, row, None
+
+
 def _sudoku_csv(handle, path: Path) -> Iterator[FileEntry]:
     """The rows of a Sudoku CSV with a ``question`` column, each with its ``answer`` as the label where it has one."""
-    reader = csv.DictReader(handle)
-    for row in reader:
-        where = f"{path.name} line {reader.line_num}"
-        entry = _entry("sudoku", reader.line_num, row.get("question") or "", where)
+    for line, row, error in _csv_rows(handle, path):
+        if error is not None:
+            yield FileEntry(line, "", None, error)
+            continue
+        where = f"{path.name} line {line}"
+        entry = _entry("sudoku", line, row.get("question") or "", where)
         answer = (row.get("answer") or "").strip()
         if entry.tokens is not None and answer:
             try:
@@ -202,26 +221,19 @@ def _maze_blocks(handle, path: Path) -> Iterator[FileEntry]:
 def _maze_csv(handle, path: Path) -> Iterator[FileEntry]:
     """The rows of a maze CSV with a ``question`` column (Maze-Hard's ``source,question,answer,rating``: each question
     a square maze row by row), each with its ``answer`` as the label where it has one."""
-    reader = csv.DictReader(handle)
-    while True:
-        line = reader.line_num + 1  # the row's first line: csv's count is not advanced when a row fails
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as e:  # a field over csv's size limit (a maze past 362x362) or a NUL: that row, not the rest
-            yield FileEntry(line, "", None, f"{path.name} line {line}: not a CSV row ({e}); give the maze in a text "
-                            "file instead")
+    for line, row, error in _csv_rows(handle, path):
+        if error is not None:
+            yield FileEntry(line, "", None, error)
             continue
-        where = f"{path.name} line {reader.line_num}"
+        where = f"{path.name} line {line}"
         question, answer = row.get("question") or "", row.get("answer") or ""  # spaces are open cells: kept
         try:
             tokens, shape = _parse_maze_row(question, where)
             label = _maze_label(answer, question, tokens, f"{where}, its answer") if answer.strip() else None
         except PuzzleInputError as e:
-            yield FileEntry(reader.line_num, question, None, str(e))
+            yield FileEntry(line, question, None, str(e))
             continue
-        yield FileEntry(reader.line_num, question, tokens, label=label, shape=shape)
+        yield FileEntry(line, question, tokens, label=label, shape=shape)
 
 
 def _parse_maze_row(question: str, where: str) -> tuple[np.ndarray, tuple[int, int]]:

@@ -4,7 +4,7 @@ so memory and the time to the first answer do not grow with the file, a stop kee
 command continues where it stopped. A line that is not a puzzle gets a row saying why, and the rest are answered.
 
 Under a budget each puzzle is solved by anytime solving (utils/eval/anytime.py); with fixed compute (``--budget 0``)
-puzzles are answered :data:`FIXED_BATCH` at a time.
+puzzles are answered in batches of one size, as many as take about :data:`FIXED_BATCH_S` seconds.
 
 Exit codes: 0 every puzzle answered and every answer consistent; 1 some answer is not consistent (or the puzzle has
 no solution); 3 every answer consistent, but some lines were not puzzles (listed in the summary).
@@ -22,12 +22,13 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.user_puzzles import FileEntry, PuzzleInputError, iter_puzzle_file, puzzle_text
-from utils.eval.answers_file import BAD_LINE, AnswersFile, summary
+from utils.eval.answers_file import BAD_LINE, AnswersFile, excerpt, summary
 from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
 from utils.eval.solving import Answer, answer, check_fits, model_tokens
 from utils.eval.stats import wilson_interval
 
-FIXED_BATCH = 64  # puzzles answered together under fixed compute: bounded memory, whatever the file's length
+FIXED_BATCH = 64  # puzzles answered together under fixed compute at most: bounded memory, whatever the file's length
+FIXED_BATCH_S = 2.0  # ... and about as many as take this long, so a stop loses seconds (a loaded CPU: minutes at 64)
 BAD_LINES_SHOWN = 10  # bad lines the summary names
 
 
@@ -49,40 +50,47 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
         shown: called with each answer and its entry (solve.py's pictures, on request).
 
     Raises:
-        AnswersFileError: ``out`` holds answers made with other settings.
+        AnswersFileError: ``out`` holds answers made with other settings, or of an input that changed since (a line
+            named), or files this command did not write.
+        OutputWriteError: a row could not be written (a full disk); the rows before it are kept.
         PuzzleInputError: ``path`` cannot be opened.
     """
     answers = AnswersFile(out, settings)
-    if answers.answered:
-        print(f"continuing {answers.path}: {len(answers.answered)} line(s) answered before", flush=True)
+    if answers.answered.count:
+        print(f"continuing {answers.path}: {answers.answered.count} line(s) answered before", flush=True)
     precision = settings["precision"]
     how = protocol(budget) if budget is not None else ttc.describe(trained.cfg.arch["halt_max_steps"])
     bar = tqdm(desc=path.name, unit="puzzle", disable=quiet or not sys.stderr.isatty(), leave=False)
-    pending: list[FileEntry] = []
+    batch = _FixedBatch(answers, trained, task, ttc, device, precision, how, shown)
     try:
         for entry in iter_puzzle_file(task, path):
-            if entry.line in answers.answered:
+            field = puzzle_field(task, entry)
+            if answers.answered.check(entry.line, field, path.name):
                 continue
             entry = _fitted(trained, task, entry)
             if budget is None:  # rows keep the file's order: a bad line waits for the puzzles before it
-                if entry.error is None and any(e.error is None and e.tokens.size != entry.tokens.size for e in pending):
-                    _fixed(answers, trained, task, pending, ttc, device, precision, how, shown)  # one size a batch
-                pending.append(entry)
-                if sum(e.error is None for e in pending) == FIXED_BATCH:
-                    _fixed(answers, trained, task, pending, ttc, device, precision, how, shown)
+                batch.add(entry, field)
             elif entry.error is not None:
-                _write(answers, _bad_row(entry))
+                _write(answers, _bad_row(entry, field))
             else:
                 solved = solve_anytime(trained, task, f"line {entry.line}", entry.tokens, budget, ttc, device)
-                _write(answers, _row(task, entry, solved.answer, solved.ended, how, precision,
+                _write(answers, _row(task, entry, field, solved.answer, solved.ended, how, precision,
                                      solved.spent.passes, solved.spent.seconds), shown, solved.answer, entry)
             bar.update(1)
-        if pending:
-            _fixed(answers, trained, task, pending, ttc, device, precision, how, shown)
+        batch.flush()
+        answers.answered.finish(path.name)
     finally:
         bar.close()
         answers.close()
     return _summarise(answers.path, how)
+
+
+def puzzle_field(task: str, entry: FileEntry) -> str:
+    """The puzzle as its row in answers.csv holds it: the puzzle (a maze in its own shape, rows joined by ``|``), or
+    for a line that is not one, an excerpt of the line as written (:func:`utils.eval.answers_file.excerpt`)."""
+    if entry.tokens is None:
+        return excerpt(entry.text.replace("\n", "|"))
+    return grid_text(task, entry.tokens, entry.shape)
 
 
 def _fitted(trained, task: str, entry: FileEntry) -> FileEntry:
@@ -97,30 +105,51 @@ def _fitted(trained, task: str, entry: FileEntry) -> FileEntry:
     return replace(entry, tokens=model_tokens(trained, task, entry.tokens))
 
 
-def _fixed(answers: AnswersFile, trained, task: str, entries: list[FileEntry], ttc, device, precision: str, how: str,
-           shown) -> None:
-    """Answer ``entries`` together under fixed compute and write their rows, naming the protocol ``how`` (then empty
-    the list)."""
-    good = [e for e in entries if e.error is None]
-    start = time.monotonic()
-    found = iter(answer(trained, task, [(f"line {e.line}", e.tokens) for e in good], ttc, device) if good else [])
-    seconds = (time.monotonic() - start) / max(len(good), 1)
-    passes = ttc.passes(trained.cfg.arch["halt_max_steps"])
-    for entry in entries:
-        if entry.error is not None:
-            _write(answers, _bad_row(entry))
-        else:
-            one = next(found)
-            _write(answers, _row(task, entry, one, "", how, precision, passes, seconds), shown, one, entry)
-    entries.clear()
+class _FixedBatch:
+    """Puzzles answered together under fixed compute, their rows written in the file's order (a bad line waits for
+    the puzzles before it). A batch holds puzzles of one size, and as many as take about :data:`FIXED_BATCH_S`
+    seconds at the pace of the batches before (at most :data:`FIXED_BATCH`), so a stop loses seconds of work."""
+
+    def __init__(self, answers: AnswersFile, trained, task: str, ttc, device, precision: str, how: str, shown):
+        self.answers, self.trained, self.task, self.ttc, self.device = answers, trained, task, ttc, device
+        self.precision, self.how, self.shown = precision, how, shown
+        self.pending: list[tuple[FileEntry, str]] = []
+        self.size, self.seconds_each = 1, None
+
+    def add(self, entry: FileEntry, field: str) -> None:
+        good = [e for e, _ in self.pending if e.error is None]
+        if entry.error is None and any(e.tokens.size != entry.tokens.size for e in good):
+            self.flush()  # one size a batch
+        self.pending.append((entry, field))
+        if sum(e.error is None for e, _ in self.pending) >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        """Answer the pending puzzles together, write their rows, and size the next batch by their pace."""
+        good = [e for e, _ in self.pending if e.error is None]
+        start = time.monotonic()
+        found = iter(answer(self.trained, self.task, [(f"line {e.line}", e.tokens) for e in good], self.ttc,
+                            self.device) if good else [])
+        seconds = (time.monotonic() - start) / max(len(good), 1)
+        passes = self.ttc.passes(self.trained.cfg.arch["halt_max_steps"]) if good else 0
+        for entry, field in self.pending:
+            if entry.error is not None:
+                _write(self.answers, _bad_row(entry, field))
+            else:
+                one = next(found)
+                _write(self.answers, _row(self.task, entry, field, one, "", self.how, self.precision, passes,
+                                          seconds), self.shown, one, entry)
+        self.pending.clear()
+        if good:
+            self.size = max(1, min(FIXED_BATCH, int(FIXED_BATCH_S / max(seconds, 1e-6))))
 
 
-def _bad_row(entry: FileEntry) -> dict:
-    return {"line": entry.line, "puzzle": entry.text.replace("\n", "|"), "verdict": f"{BAD_LINE}: {entry.error}"}
+def _bad_row(entry: FileEntry, field: str) -> dict:
+    return {"line": entry.line, "puzzle": field, "verdict": f"{BAD_LINE}: {entry.error}"}
 
 
-def _row(task: str, entry: FileEntry, found: Optional[Answer], ended: str, how: str, precision: str, passes: int,
-         seconds: float) -> dict:
+def _row(task: str, entry: FileEntry, field: str, found: Optional[Answer], ended: str, how: str, precision: str,
+         passes: int, seconds: float) -> dict:
     """One row of answers.csv for ``entry`` answered by ``found`` (None: the puzzle has no solution)."""
     from utils.data.user_puzzles import count_puzzle_solutions
 
@@ -130,7 +159,7 @@ def _row(task: str, entry: FileEntry, found: Optional[Answer], ended: str, how: 
         verdict = "consistent" if found.consistent else "NOT consistent: " + "; ".join(found.problems)
         solutions = count_puzzle_solutions(task, entry.tokens) if found.unique is None else None
         unique = "yes" if (found.unique or solutions == 1) else "no"
-    return {"line": entry.line, "puzzle": grid_text(task, entry.tokens, entry.shape),
+    return {"line": entry.line, "puzzle": field,
             "answer": "" if found is None else grid_text(task, found.grid, entry.shape), "verdict": verdict,
             "unique": unique, "protocol": how, "precision": precision, "passes": passes, "seconds": f"{seconds:.3f}",
             "file_answer": "" if entry.label is None else grid_text(task, entry.label, entry.shape)}
