@@ -101,3 +101,27 @@ def test_threads_sharing_a_solver_take_turns(monkeypatch):
     assert solver.sudoku(HELD_OUT, budget=1.0).consistent
     second.join()
     assert order == ["start", "end", "start", "end"]
+
+
+@pytest.mark.parametrize("puzzle", [None, b"1" * 81, 5, ["1"] * 81, {"cells": 81}])
+def test_issue74_a_puzzle_that_is_not_a_str_is_the_documented_error(solver, puzzle):
+    with pytest.raises(solve.PuzzleInputError, match="not a str of its cells"):
+        solver.sudoku(puzzle)
+    with pytest.raises(solve.PuzzleInputError, match="not a str of its cells"):
+        solver.maze(puzzle)
+    with pytest.raises(solve.PuzzleInputError):
+        next(solver.sudokus(puzzle if puzzle is not None else 5))
+    with pytest.raises(solve.PuzzleInputError, match="a Sudoku of sudokus is a int"):
+        next(solver.sudokus([7]))
+
+
+@pytest.mark.parametrize("budget", ["6", None, True, float("nan"), -1, 0])
+def test_issue74_a_budget_that_is_not_seconds_is_the_documented_error(solver, budget):
+    with pytest.raises(TestTimeComputeError, match="budget"):
+        solver.sudoku(HELD_OUT, budget=budget)
+
+
+@pytest.mark.parametrize("seed", ["a", 1.5, 2**70, -1, True])
+def test_issue74_a_seed_out_of_range_is_refused_when_the_solver_is_made(seed):
+    with pytest.raises(TestTimeComputeError, match="seed="):
+        solve.Solver(device="cpu", seed=seed)

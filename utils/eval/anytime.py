@@ -62,15 +62,19 @@ def protocol(budget_s: float) -> str:
 
 
 def check_budget_s(budget_s: float, flag: str = "--budget") -> float:
-    """``budget_s`` if it is a usable per-puzzle budget in seconds (0 < S <= a day).
+    """``budget_s`` as a float, if it is a usable per-puzzle budget in seconds: a real number (an int or a float, not
+    a bool or a string), 0 < S <= a day.
 
     Raises:
-        TestTimeComputeError: naming ``flag`` and the range.
+        TestTimeComputeError: naming ``flag`` and the range, or the type given.
     """
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)):
+        raise TestTimeComputeError(f"{flag} {budget_s!r} is not a number of seconds: give an int or a float, more "
+                                   f"than 0 and at most {MAX_BUDGET_S:g} (a day)")
     if not (math.isfinite(budget_s) and 0 < budget_s <= MAX_BUDGET_S):
         raise TestTimeComputeError(f"{flag} {budget_s:g} is out of range: seconds a puzzle, more than 0 and at most "
                                    f"{MAX_BUDGET_S:g} (a day)")
-    return budget_s
+    return float(budget_s)
 
 
 def default_search(trained: Trained, ttc: TestTimeCompute, seq_len: Optional[int] = None) -> Search:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
+from collections.abc import Iterable
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from utils.device import select_device
 from utils.eval.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protocol, solve_anytime
 from utils.eval.load import Trained
 from utils.eval.precision import solving_dtype
-from utils.eval.reasoning import TestTimeCompute
+from utils.eval.reasoning import MAX_SEED, TestTimeCompute, TestTimeComputeError
 from utils.eval.solving import model_tokens, open_model
 
 __all__ = ["Solver", "Solution", "PuzzleInputError"]
@@ -62,6 +63,18 @@ class Solution:
     segments: tuple[str, ...]
 
 
+def _text(puzzle: object, what: str) -> str:
+    """``puzzle`` if it is a str.
+
+    Raises:
+        PuzzleInputError: any other type (bytes: decode them first; a number, None, a list, an array).
+    """
+    if isinstance(puzzle, str):
+        return puzzle
+    hint = ": decode it first (puzzle.decode())" if isinstance(puzzle, (bytes, bytearray)) else ""
+    raise PuzzleInputError(f"{what} is a {type(puzzle).__name__}, not a str of its cells{hint}")
+
+
 class Solver:
     """Solve Sudoku and mazes from Python (module docstring). Models load on first use, one a task.
 
@@ -73,13 +86,19 @@ class Solver:
             None: the bundled models (a Sudoku, and mazes of 10x10).
         device: ``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``.
         dtype: ``auto`` (measured per device, utils/eval/precision.py), ``float32`` or ``bfloat16``.
-        seed: the first seed of the trajectories' noise and views (a seed gives the same answers on one device).
+        seed: the first seed of the trajectories' noise and views, an int in 0..2**62. It fixes which trajectories a
+            solve runs and in what order, on one device; the answer kept also depends on how many rounds the budget
+            allowed, so two solves of one puzzle give the same answer when it is found in the same round (always so
+            for an answer found within the budget on an idle machine, not across budgets or machines).
 
     Raises:
         DeviceError: a device this machine does not have, or a dtype not named above.
+        TestTimeComputeError: a seed that is not an int in range.
     """
 
     def __init__(self, checkpoint: Optional[str] = None, device: str = "auto", dtype: str = "auto", seed: int = 0):
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise TestTimeComputeError(f"seed={seed!r}: give an int in 0..{MAX_SEED}")
         self.device = select_device(device).device
         self.dtype, self.dtype_reason = solving_dtype(self.device, dtype)
         self.checkpoint, self.seed = checkpoint, seed
@@ -93,30 +112,36 @@ class Solver:
             budget: seconds at most (0 < budget <= a day).
 
         Raises:
-            PuzzleInputError: not a Sudoku (the message says where and why), or a checkpoint of other puzzles.
-            TestTimeComputeError: a budget out of range.
+            PuzzleInputError: not a str, not a Sudoku (the message says where and why), or a checkpoint of other
+                puzzles.
+            TestTimeComputeError: a budget that is not a number of seconds in range.
         """
-        return self._solve("sudoku", parse_sudoku(puzzle, "the Sudoku"), budget)
+        return self._solve("sudoku", parse_sudoku(_text(puzzle, "the Sudoku"), "the Sudoku"), budget)
 
     def maze(self, text: str, budget: float = 6.0) -> Solution:
         """Solve one maze: a text grid, one line per row, any rectangle, of ``#`` (wall), space (open), ``S`` and
         ``G`` (the spellings utils/data/user_puzzles.py reads: ``E`` for the goal, ``.`` for open, ...).
 
         Raises:
-            PuzzleInputError: not such a maze, or larger than the model takes (naming the largest it takes).
-            TestTimeComputeError: a budget out of range.
+            PuzzleInputError: not a str, not such a maze, or larger than the model takes (naming the largest it
+                takes).
+            TestTimeComputeError: a budget that is not a number of seconds in range.
         """
-        tokens, shape = parse_maze(text, "the maze")
+        tokens, shape = parse_maze(_text(text, "the maze"), "the maze")
         return self._solve("maze", tokens, budget, shape)
 
     def sudokus(self, puzzles: Iterable[str], budget: float = 6.0) -> Iterator[Solution]:
         """Solve each Sudoku of ``puzzles`` (blank lines skipped), yielding each answer as soon as it is found.
 
         Raises:
-            PuzzleInputError: at the first entry that is not a Sudoku; the answers before it were yielded.
+            PuzzleInputError: ``puzzles`` is not an iterable of str (a str itself is refused: iterating it would give
+                characters), or at the first entry that is not a Sudoku; the answers before it were yielded.
         """
+        if isinstance(puzzles, (str, bytes)) or not isinstance(puzzles, Iterable):
+            raise PuzzleInputError(f"sudokus takes an iterable of puzzles (a list of str, an open file), not a "
+                                   f"{type(puzzles).__name__}: for one puzzle, call sudoku")
         for puzzle in puzzles:
-            if puzzle.strip():
+            if _text(puzzle, "a Sudoku of sudokus").strip():
                 yield self.sudoku(puzzle, budget)
 
     def _solve(self, task: str, tokens: np.ndarray, budget: float, shape: Optional[tuple[int, int]] = None
