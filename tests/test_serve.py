@@ -779,3 +779,18 @@ def test_issue63_a_serve_budget_over_the_pages_bound_is_refused_at_start(tmp_pat
     assert_one_line(capsys, solve.main(["--device", "cpu", "--serve", "--port", "0", "--budget", "500", "--out",
                                         str(tmp_path / "o")]),
                     "--budget 500 is more than the page's 300 s a puzzle: give --budget 300 or less with --serve")
+
+
+def test_issue74_a_chunked_body_gets_411_and_a_stop_without_a_solve_names_what_is_missing(server):
+    host, port = server.server_address[:2]
+    connection = http.client.HTTPConnection(host, port, timeout=60)
+    connection.putrequest("POST", "/api/solve")
+    for name, value in (("Host", f"127.0.0.1:{port}"), ("Content-Type", "application/json"),
+                        ("Transfer-Encoding", "chunked")):
+        connection.putheader(name, value)
+    connection.endheaders()
+    connection.send(b"5\r\n{\"a\":\r\n0\r\n\r\n")
+    response = connection.getresponse()
+    assert response.status == 411 and "Content-Length" in json.loads(response.read())["error"]
+    status, answer = call(server, "POST", "/api/stop", {})
+    assert status == 400 and "the request names no solve: give solve" in answer["error"]

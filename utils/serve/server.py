@@ -534,6 +534,9 @@ def checked_solve_id(value: Any, name: str) -> str:
     """
     if isinstance(value, str) and SOLVE_ID.fullmatch(value):
         return value
+    if value is None:
+        raise PuzzleInputError(f"the request names no solve: give {name}, the random solve_id its /api/solve request "
+                               "sent")
     raise PuzzleInputError(f"{name}={value!r} is not a solve's id: 8 to 64 of A-Z a-z 0-9 _ -, the random solve_id "
                            "its /api/solve request sent")
 
@@ -802,6 +805,9 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint: {path}"})
         if self.headers.get_content_type() != "application/json":
             return self._json(HTTPStatus.UNSUPPORTED_MEDIA_TYPE, {"error": "send the request as application/json"})
+        if self.headers.get("Content-Length") is None:  # a chunked body, say: its size is not known before it is read
+            return self._json(HTTPStatus.LENGTH_REQUIRED, {"error": "send the request with its Content-Length (at most "
+                                                                    f"{MAX_BODY} bytes), not in chunks"})
         try:
             length = int(self.headers.get("Content-Length", "-1"))
         except ValueError:
