@@ -173,11 +173,11 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
         print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
     ttc = anytime_compute(args, test_time_compute(args, trained.cfg, keep_segments=True, task=task))
     check_budget(trained, ttc, args, device, 1 if args.budget else len(puzzles))  # before any work
+    more = None
     if args.budget is None:
         answers, notes, spent, rate = fixed_compute(trained, task, puzzles, ttc, device)
-        helps = True
     else:
-        answers, notes, spent, rate, helps = anytime(args.budget, trained, task, puzzles, ttc, device, args.quiet)
+        answers, notes, spent, rate, more = anytime(args.budget, trained, task, puzzles, ttc, device, args.quiet)
     out.mkdir(parents=True, exist_ok=True)
     earlier = len(list(out.glob(f"{task}_*.png"))) - len(list(out.glob(f"{task}_*_strip.png")))
     for i, (found, note, (name, _, shape)) in enumerate(zip(answers, notes, read)):
@@ -191,8 +191,8 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     print(f"\n{consistent} of {len(answers)} answer(s) consistent; {spent}; pictures in {out}{kept}")
     if consistent == len(answers):
         return 0
-    if helps:
-        print(what_would_help(args.budget, ttc, trained, rate), flush=True)
+    if args.budget is None or more:
+        print(what_would_help(args.budget, ttc, trained, rate, more), flush=True)
     return 1
 
 
@@ -255,15 +255,17 @@ def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str],
 
 
 def anytime(budget: float, trained, task, puzzles, ttc, device, quiet: bool = False
-            ) -> tuple[list, list[str], str, float, bool]:
+            ) -> tuple[list, list[str], str, float, Optional[float]]:
     """Each puzzle solved under ``budget`` seconds (utils/eval/anytime.py), its progress shown while it runs; the
     answers (None for a puzzle with no solution), a note for each (what it spent, or why nothing was), what they
-    cost, the segment passes a second this machine gave, and whether more time could help one that failed."""
+    cost, the segment passes a second this machine gave, and the budget that more time would take for one that
+    failed (4x this one, or the budget that holds the model's own answer where this one did not; None: none
+    failed)."""
     from tqdm import tqdm
 
     from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
 
-    answers, notes, passes, seconds, helps = [], [], 0, 0.0, False
+    answers, notes, passes, seconds, more = [], [], 0, 0.0, None
     for name, tokens in puzzles:
         with tqdm(total=budget, desc=name, unit="s", leave=False, bar_format="{desc}: {bar} {n:.1f}/{total:g} s"
                   "{postfix}", disable=quiet or not sys.stderr.isatty()) as bar:  # bars only on a terminal
@@ -278,13 +280,14 @@ def anytime(budget: float, trained, task, puzzles, ttc, device, quiet: bool = Fa
         if solved.ended == "unsolvable":
             notes.append(f"{UNSOLVABLE[task]}; nothing was run")
             continue
-        helps = helps or not solved.solved
+        if not solved.solved:
+            more = max(more or 0.0, 4 * budget, holding_budget(solved.own_seconds) if solved.own_seconds else 0)
         found = "found in" if solved.solved else "none obeyed the rules in"
         notes.append(f"{protocol(budget)}: {found} {spent.rounds} round(s) of {spent.trajectories} trajectories, "
                      f"{spent.passes:,} segment passes, {spent.seconds:.1f} s" + own_answer_note(solved, budget))
         passes, seconds = passes + spent.passes, seconds + spent.seconds
     return (answers, notes, f"{passes:,} segment passes in {seconds:.1f} s ({protocol(budget)})",
-            passes / max(seconds, 1e-9), helps)
+            passes / max(seconds, 1e-9), more)
 
 
 def own_answer_note(solved, budget: float) -> str:
@@ -292,16 +295,21 @@ def own_answer_note(solved, budget: float) -> str:
     hold it here; else nothing."""
     if solved.own_seconds is None:
         return ""
-    fits = max(1, math.ceil(solved.own_seconds * 1.25))
     return (f"\nthe budget ({budget:g} s) ended before the model's own answer (round 0) was complete: it needs about "
-            f"{solved.own_seconds:.1f} s here; --budget {fits} holds it")
+            f"{solved.own_seconds:.1f} s here; --budget {holding_budget(solved.own_seconds)} holds it")
 
 
-def what_would_help(budget: Optional[float], ttc, trained, rate: float) -> str:
-    """The last line when an answer is not consistent: more test-time compute, and about how long it takes here at
-    ``rate``, the segment passes a second this command measured."""
+def holding_budget(own_seconds: float) -> int:
+    """Whole seconds that hold the model's own answer, which took about ``own_seconds`` here: a quarter more."""
+    return max(1, math.ceil(own_seconds * 1.25))
+
+
+def what_would_help(budget: Optional[float], ttc, trained, rate: float, more: Optional[float] = None) -> str:
+    """The last line when an answer is not consistent: more test-time compute (under a budget, ``more`` seconds, by
+    default 4x the budget), and about how long it takes here at ``rate``, the segment passes a second this command
+    measured."""
     if budget is not None:
-        more = 4 * budget
+        more = more or 4 * budget
         return (f"more time may find a consistent answer: --budget {more:g} spends up to {more:g} s a puzzle (about "
                 f"{more * rate:,.0f} segment passes here)")
     rollouts = 4 * ttc.rollouts
