@@ -47,7 +47,10 @@ def check_checkpoint_file(path: str | os.PathLike) -> Path:
     if path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a directory; pass a checkpoint file in it (e.g. step_<N>.pt)")
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        steps = sorted(path.parent.glob("step_*.pt"), key=lambda p: int(p.stem[5:]) if p.stem[5:].isdigit() else -1)
+        beside = (f"; {path.parent} holds {steps[-1].name}, its newest checkpoint (a run stopped before its first "
+                  "evaluation writes no best.pt): pass that" if steps and path.parent.is_dir() else "")
+        raise CheckpointError(f"checkpoint {path} does not exist{beside}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes; a write was cut off); delete it or pick another")
     with open(path, "rb") as f:
