@@ -33,7 +33,7 @@ from typing import Optional
 
 from utils.cli import ArgumentParser, non_negative_int, positive_int
 from utils.data.user_puzzles import PuzzleInputError
-from utils.eval.bundled import BUNDLED
+from utils.solve.bundled import BUNDLED
 from utils.config import ConfigError
 from utils.eval.flags import add_budget_argument, add_test_time_arguments
 from utils.outputs import check_writable_dir

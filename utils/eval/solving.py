@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
-from utils.eval.bundled import BUNDLED
+from utils.solve.bundled import BUNDLED
 from utils.data.user_puzzles import (PuzzleInputError, format_maze, format_sudoku, frame_maze, read_mazes,
                                      read_sudokus)
 from utils.device import host_memory, memory_available
