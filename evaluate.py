@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     from utils.data.saved_outputs import OutputsCollector
     from utils.device import select_device
     from utils.distributed import Dist
-    from utils.eval.precision import precision_line, solving_dtype
+    from utils.solve.precision import precision_line, solving_dtype
     from utils.eval.arc import ARC, write_results
     from utils.eval.load import load_trained, resolve_checkpoint
     from utils.eval.puzzle import evaluate_puzzles

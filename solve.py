@@ -105,7 +105,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     from utils.device import select_device, select_dtype
     from utils.eval.anytime import anytime_compute
-    from utils.eval.precision import precision_line, solving_dtype
+    from utils.solve.precision import precision_line, solving_dtype
     from utils.eval.reasoning import test_time_compute
     from utils.eval.solving import check_budget
 

@@ -123,7 +123,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
     from tqdm import tqdm
 
     from utils.device import select_device
-    from utils.eval.precision import solving_dtype
+    from utils.solve.precision import solving_dtype
     from utils.eval.solving import largest_side, open_model, segments_for
 
     device = select_device(args.device).device

@@ -1,5 +1,5 @@
 """Segment passes a second of anytime solving in float32 and in bfloat16, against the trajectories run side by side:
-the measurement behind the precision solving uses on each device (utils/eval/precision.py).
+the measurement behind the precision solving uses on each device (utils/solve/precision.py).
 
 For each model and each number of rows (trajectories side by side, as a round of utils/eval/anytime.py runs them),
 both precisions run the same trajectories of the same puzzle, interleaved, ``--repeats`` times; the table gives

@@ -9,7 +9,7 @@
         print(found.consistent)
 
 Each puzzle is solved as ``solve.py`` solves it: checked, anytime (utils/eval/anytime.py) within ``budget`` seconds,
-in the precision measured to solve the most puzzles a second (utils/eval/precision.py). A figure from it is under
+in the precision measured to solve the most puzzles a second (utils/solve/precision.py). A figure from it is under
 that protocol (:attr:`Solution.protocol`), not the references' one answer.
 """
 
@@ -26,7 +26,7 @@ from utils.data.user_puzzles import PuzzleInputError, parse_maze, parse_sudoku, 
 from utils.device import select_device
 from utils.eval.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protocol, solve_anytime
 from utils.eval.load import Trained
-from utils.eval.precision import solving_dtype
+from utils.solve.precision import solving_dtype
 from utils.eval.reasoning import MAX_SEED, TestTimeCompute, TestTimeComputeError
 from utils.eval.solving import model_tokens, open_model
 
@@ -85,7 +85,7 @@ class Solver:
         checkpoint: a Sudoku or maze checkpoint (a file, a run directory, ``hf://owner/repo``) used for its task;
             None: the bundled models (a Sudoku, and mazes of 10x10).
         device: ``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``.
-        dtype: ``auto`` (measured per device, utils/eval/precision.py), ``float32`` or ``bfloat16``.
+        dtype: ``auto`` (measured per device, utils/solve/precision.py), ``float32`` or ``bfloat16``.
         seed: the first seed of the trajectories' noise and views, an int in 0..2**62. It fixes which trajectories a
             solve runs and in what order, on one device; the answer kept also depends on how many rounds the budget
             allowed, so two solves of one puzzle give the same answer when it is found in the same round (always so
