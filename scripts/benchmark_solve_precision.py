@@ -66,7 +66,7 @@ def passes_per_second(trained, task: str, tokens, rows: int, min_seconds: float)
 
     from utils.eval.anytime import LATENT_NOISE, default_search
     from utils.eval.reasoning import TestTimeCompute
-    from utils.eval.search import run_trajectories
+    from utils.solve.search import run_trajectories
 
     search = default_search(trained, TestTimeCompute(noise=LATENT_NOISE))
     passes, began = 0, time.perf_counter()

@@ -1,5 +1,5 @@
 """pass@K of test-time search on hard Sudoku: whether any of K trajectories reaches the solution, against segments,
-for each source of diversity (utils/eval/search.py), with the passes and seconds spent; the measurement behind
+for each source of diversity (utils/solve/search.py), with the passes and seconds spent; the measurement behind
 anytime solving's choice (docs/results.md, "Test-time search").
 
 Each puzzle of the lists is answered by ``--trajectories`` K trajectories of ``--segments`` T segments per
@@ -101,7 +101,7 @@ def measure(models: dict, puzzle: tuple, method: str, k: int, t: int, device) ->
     import numpy as np
 
     from utils.eval.reasoning import rows_per_call
-    from utils.eval.search import Search, run_trajectories
+    from utils.solve.search import Search, run_trajectories
 
     source, line, name, task, tokens = puzzle
     views, latent, start = METHODS[method]

@@ -23,7 +23,7 @@ from utils.data.common import dihedral
 from utils.data.maze import build_maze_dataset, mark_first_path
 from utils.data.user_puzzles import format_maze, maze_problems, parse_maze, read_mazes
 from utils.eval.reasoning import dihedral_order
-from utils.eval.search import View
+from utils.solve.search import View
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTSIDE = ROOT / "utils" / "data" / "maze_outside"

@@ -1,4 +1,4 @@
-"""Test-time search (utils/eval/search.py): every kind of view maps back exactly, keeps the puzzle's rules, and the
+"""Test-time search (utils/solve/search.py): every kind of view maps back exactly, keeps the puzzle's rules, and the
 trajectories start from the references' answer; latent noise (models/act.py) changes nothing where its std is 0.
 On the CPU, with the bundled models."""
 
@@ -10,7 +10,7 @@ from models.act import LatentNoise
 from utils.data.sudoku import rating as sudoku_rating
 from utils.data.user_puzzles import maze_problems, sudoku_problems
 from utils.eval.reasoning import TestTimeCompute, reason
-from utils.eval.search import VIEW_KINDS, Search, View, draw_view, run_trajectories, trajectory_views
+from utils.solve.search import VIEW_KINDS, Search, View, draw_view, run_trajectories, trajectory_views
 from utils.eval.solving import open_model
 
 CPU = torch.device("cpu")

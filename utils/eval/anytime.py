@@ -5,7 +5,7 @@ Sudoku and mazes have rules an answer can be checked against (utils/data/user_pu
 often wrong on a hard puzzle, and more trajectories find a right one more often the more are run (docs/results.md,
 "Test-time search"). :func:`solve_anytime` first says what the puzzle is: a Sudoku with no solution (an exact search,
 utils/data/sudoku/rating.py) or a maze whose S and G are not connected ends at once, nothing spent; one with several
-solutions is solved, and its answer says it is not unique. Then it runs trajectories (utils/eval/search.py) in
+solutions is solved, and its answer says it is not unique. Then it runs trajectories (utils/solve/search.py) in
 rounds:
 
 - round 0 is the model's own answer: one trajectory from its initial state, the puzzle as given (with the run's
@@ -43,7 +43,7 @@ from utils.data.user_puzzles import count_puzzle_solutions
 from utils.eval.load import Trained
 from utils.eval.reasoning import (RULES, Cancelled, TestTimeCompute, TestTimeComputeError, checked_better,
                                   rows_per_call)
-from utils.eval.search import Search, Segment, run_trajectories
+from utils.solve.search import Search, Segment, run_trajectories
 from utils.eval.solving import Answer, segments_for
 from utils.eval.stats import with_interval
 

@@ -85,7 +85,7 @@ from utils.eval.anytime import UNSOLVABLE, Spent, anytime_compute, default_searc
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, TestTimeComputeError,
                                   test_time_compute)
-from utils.eval.search import Search
+from utils.solve.search import Search
 from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
                                 flops_per_pass, gif_segments, model_tokens, open_model)
 from utils.viz.puzzles import render_segments, segments_gif
