@@ -18,7 +18,7 @@ row; all weights with ``--adapt-all``), then answers every augmented copy of eac
 voting (utils/eval/arc.py) picks two attempts per input for ``submission.json``. Each answer is printed, checked,
 and drawn (a PNG, and a GIF and strip of its segments, at most 32 of them); a file already in ``--out`` is kept,
 never replaced. Test-time compute over the model's budget (segments x rollouts x views a puzzle, and the segment
-answers kept in memory: utils/eval/solving.py) is one line and exit 2, before any work; Ctrl-C exits 130.
+answers kept in memory: utils/solve/solving.py) is one line and exit 2, before any work; Ctrl-C exits 130.
 """
 
 import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from utils.eval.anytime import anytime_compute
     from utils.solve.precision import precision_line, solving_dtype
     from utils.eval.reasoning import test_time_compute
-    from utils.eval.solving import check_budget
+    from utils.solve.solving import check_budget
 
     check_writable_dir(args.out, "--out")
     check_puzzle_flags(args)
@@ -158,7 +158,7 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     consistent (with what would help), else 0."""
     from utils.eval.reasoning import test_time_compute
     from utils.eval.anytime import anytime_compute
-    from utils.eval.solving import check_budget, model_tokens, open_model, read_puzzles
+    from utils.solve.solving import check_budget, model_tokens, open_model, read_puzzles
     from utils.viz.puzzles import ANSWER_ENDINGS
     from utils.outputs import unused_stem
 
@@ -215,7 +215,7 @@ def solve_a_file(args: argparse.Namespace, task: str, path: Path, device, dtype,
     from utils.eval.anytime import anytime_compute, default_search, protocol
     from utils.eval.file_solving import solve_file
     from utils.eval.reasoning import test_time_compute
-    from utils.eval.solving import check_budget, open_model
+    from utils.solve.solving import check_budget, open_model
 
     # The smallest of the first puzzles opens the model: one that takes any of them takes it; each is checked later.
     sizes = [e.tokens.size for e in itertools.islice(iter_puzzle_file(task, path), 1000) if e.tokens is not None]
@@ -244,7 +244,7 @@ def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str],
     and the segment passes a second this machine gave."""
     import time
 
-    from utils.eval.solving import answer
+    from utils.solve.solving import answer
 
     start = time.monotonic()
     answers = answer(trained, task, puzzles, ttc, device)
@@ -353,7 +353,7 @@ def check_adaptable(args: argparse.Namespace):
     """
     import torch
 
-    from utils.eval.solving import TASK_SEQ_LEN, open_model
+    from utils.solve.solving import TASK_SEQ_LEN, open_model
 
     trained = open_model(args.checkpoint, "arc", TASK_SEQ_LEN["arc"], 1, torch.device("cpu"), torch.float32)
     if not args.adapt_all and not trained.cfg.arch.get("puzzle_emb_ndim"):
@@ -363,10 +363,10 @@ def check_adaptable(args: argparse.Namespace):
 
 
 def report(found, stem: Path, views: int = 1, note: str = "") -> None:
-    """Print one answer (an :class:`utils.eval.solving.Answer`), whether it is consistent, its segments, halting
+    """Print one answer (an :class:`utils.solve.solving.Answer`), whether it is consistent, its segments, halting
     confidence, (of ``views`` > 1) how many views agree with it and ``note`` (what anytime solving spent); draw it
     (``stem``.png, .gif, _strip.png)."""
-    from utils.eval.solving import gif_segments
+    from utils.solve.solving import gif_segments
     from utils.viz.puzzles import render_example, render_segments, save_picture, save_segments
 
     print(f"\n{found.name}: {found.verdict}\n{found.text}")

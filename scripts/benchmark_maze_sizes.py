@@ -15,7 +15,7 @@ Two protocols, each named in the output:
 
 - **model-only**: one trajectory from the model's initial state on the maze as given (the references' evaluation),
   ``--segments-x`` times the run's ``halt_max_steps`` segments, and the size-scaled default of solving
-  (:func:`utils.eval.solving.segments_for`); and with early exit, the answer of the first segment whose ``q_halt``
+  (:func:`utils.solve.solving.segments_for`); and with early exit, the answer of the first segment whose ``q_halt``
   is positive. An answer counts when it is *a* shortest S-G path (utils/data/user_puzzles.py ``maze_problems``): for a
   maze with one shortest path that is exact accuracy, the papers' figure; the rules only score, they select nothing.
 - **checked, anytime** (``--budget`` seconds a maze, 0 for none): solve.py's search (utils/eval/anytime.py).
@@ -79,7 +79,7 @@ def model_only(trained, mazes: np.ndarray, segment_counts: list[int], device) ->
 
     from utils.data.user_puzzles import maze_problems
     from utils.eval.reasoning import initial_carry, run_segments
-    from utils.eval.solving import model_tokens
+    from utils.solve.solving import model_tokens
 
     seen = np.stack([model_tokens(trained, "maze", tokens) for tokens in mazes])
     inputs = torch.from_numpy(seen.astype(np.int32)).to(device)
@@ -106,7 +106,7 @@ def anytime(trained, mazes: np.ndarray, budget: float, device) -> dict[str, floa
     """Checked anytime solving of each maze within ``budget`` seconds: the fraction solved and the median seconds."""
     from utils.eval.anytime import LATENT_NOISE, solve_anytime
     from utils.eval.reasoning import TestTimeCompute
-    from utils.eval.solving import model_tokens
+    from utils.solve.solving import model_tokens
 
     solved, seconds = [], []
     for i, tokens in enumerate(mazes):
@@ -124,7 +124,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
     from utils.device import select_device
     from utils.solve.precision import solving_dtype
-    from utils.eval.solving import largest_side, open_model, segments_for
+    from utils.solve.solving import largest_side, open_model, segments_for
 
     device = select_device(args.device).device
     dtype, _ = solving_dtype(device, args.forward_dtype)

@@ -68,7 +68,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     import torch
 
     from utils.data.user_puzzles import parse_sudoku
-    from utils.eval.solving import open_model
+    from utils.solve.solving import open_model
     from utils.hardware_optimizer import machine_line
     from utils.run.estimate import matmul_rate
     from utils.run.main import cli_main

@@ -47,7 +47,7 @@ from utils.data.builders import BUILDERS  # noqa: E402
 from utils.data.puzzle_dataset import PuzzleDataset, load_metadata  # noqa: E402
 from utils.distributed import Dist  # noqa: E402
 from utils.errors import UserError  # noqa: E402
-from utils.eval import solving  # noqa: E402
+from utils.solve import solving  # noqa: E402
 from utils.eval.load import (CARD_MARK, card_path, check_against_card, file_sha256, load_trained,  # noqa: E402
                              resolve_checkpoint)
 from utils.eval.puzzle import evaluate_puzzles  # noqa: E402

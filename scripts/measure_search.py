@@ -163,7 +163,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         import torch
         from tqdm import tqdm
 
-        from utils.eval.solving import open_model
+        from utils.solve.solving import open_model
         from utils.hardware_optimizer import machine_line
 
         device, dtype = torch.device("cpu"), getattr(torch, args.dtype)

@@ -15,9 +15,10 @@ import torch
 import evaluate
 import solve
 from utils.data.user_puzzles import parse_sudoku
-from utils.eval import anytime, reasoning, solving
+from utils.eval import anytime, reasoning
+from utils.solve import solving
 from utils.eval.reasoning import Cancelled, TestTimeCompute, dihedral_order, reason
-from utils.eval.solving import open_model
+from utils.solve.solving import open_model
 from utils.serve.server import MAX_PAGE_BUDGET_S
 from tests.test_serve import call, shipped, until  # noqa: F401  (a fixture)
 

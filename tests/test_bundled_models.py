@@ -15,10 +15,11 @@ import evaluate
 import solve
 from tests.test_bad_inputs import assert_one_line
 from utils.data.user_puzzles import parse_sudoku, sudoku_problems
-from utils.eval import load, solving
+from utils.eval import load
+from utils.solve import solving
 from utils.eval.load import load_trained, read_card
 from utils.checkpoint import CheckpointError
-from utils.eval.solving import BUNDLED, BUNDLED_DIR
+from utils.solve.solving import BUNDLED, BUNDLED_DIR
 
 # Puzzle 1 of the hard recipe's test split (minimal, 25 givens, rating 5: singles alone do not solve it), never
 # trained on; the page's hard example.

@@ -26,9 +26,9 @@ from tests.test_bad_inputs import assert_one_line
 from tests.conftest import terminate_this_process
 from tests.test_solve import MAZE, SUDOKU, exit_code, sudoku_run, train  # noqa: F401  (sudoku_run: a fixture)
 from utils.data.maze import build_maze_dataset
-from utils.eval import solving
+from utils.solve import solving
 from utils.eval.load import check_against_card
-from utils.eval.solving import BUNDLED
+from utils.solve.solving import BUNDLED
 from utils.outputs import OutputPathError, OutputWriteError, check_writable_file, replace_together, write_atomically
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ from utils.data.user_puzzles import PuzzleInputError, iter_puzzle_file, parse_ma
 from utils.eval import file_solving
 from utils.eval.anytime import AnytimeAnswer, Spent
 from utils.solve.answers_file import COLUMNS, read_rows
-from utils.eval.solving import Answer
+from utils.solve.solving import Answer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP95 = [line.split()[0] for line in (ROOT / "utils/data/sudoku/outside_puzzles/norvig_top95.txt").read_text().splitlines()

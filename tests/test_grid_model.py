@@ -127,7 +127,7 @@ def test_a_grid_needs_a_square():
 
 def test_the_solving_flop_count_includes_the_convolution():
     """flops_per_pass counts the depthwise convolution: 2 x 9 multiply-adds a channel a cell a block."""
-    from utils.eval.solving import _MatrixFlops
+    from utils.solve.solving import _MatrixFlops
 
     x = torch.randn(1, 16, 4)
     with _MatrixFlops() as counted:

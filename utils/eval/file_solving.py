@@ -24,7 +24,7 @@ from tqdm import tqdm
 from utils.data.user_puzzles import FileEntry, PuzzleInputError, iter_puzzle_file, puzzle_text
 from utils.solve.answers_file import BAD_LINE, AnswersFile, excerpt, summary
 from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
-from utils.eval.solving import Answer, answer, check_fits, model_tokens
+from utils.solve.solving import Answer, answer, check_fits, model_tokens
 from utils.eval.stats import wilson_interval
 
 FIXED_BATCH = 64  # puzzles answered together under fixed compute at most: bounded memory, whatever the file's length

@@ -34,7 +34,7 @@ from utils.run.run_dir import PLAN, newest_loadable, read_manifest, recorded_che
 
 log = logging.getLogger(__name__)
 
-# The models this repository ships (utils/eval/solving.py BUNDLED), and where scripts/bundle_model.py writes by
+# The models this repository ships (utils/solve/solving.py BUNDLED), and where scripts/bundle_model.py writes by
 # default: every model here comes with its card.
 BUNDLED_DIR = Path(__file__).resolve().parents[2] / "models" / "pretrained"
 # The introduction of every card scripts/bundle_model.py writes says so; a Markdown file beside a model without it
@@ -205,7 +205,7 @@ class Trained:
     vocab_size: int
     card: Optional[Path] = None
     grid: bool = False
-    bundled: bool = False  # whether it answers as the task's bundled model (utils/eval/solving.py open_model)
+    bundled: bool = False  # whether it answers as the task's bundled model (utils/solve/solving.py open_model)
 
 
 def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size: int,

@@ -4,7 +4,7 @@
     python solve.py --serve --checkpoint RUN --checkpoint hf://owner/repo --port 0
 
 It serves one page (page.html, next to this file: HTML, CSS and JavaScript of its own, nothing from a CDN, so it
-works offline) and a JSON API that solving goes through (utils/eval/solving.py, utils/train/arc_adapt.py):
+works offline) and a JSON API that solving goes through (utils/solve/solving.py, utils/train/arc_adapt.py):
 
     GET  /api/models   the models on offer: the bundled ones, then each --checkpoint, with the task each answers,
                        its own test-time compute (what solve.py uses without flags) and its budget (below)
@@ -32,7 +32,7 @@ file: models are picked by their id among those the command line gave, and an AR
 to the command's own ``--out`` folder.
 
 Bounds: a request over its model's compute budget (segments x rollouts x views, and the segment answers it keeps,
-:func:`utils.eval.solving.compute_budget`) is refused before any work; one solve runs at a time, at most
+:func:`utils.solve.solving.compute_budget`) is refused before any work; one solve runs at a time, at most
 :data:`PEER_SOLVES` of them running or waiting from one address, and a solve, or a request waiting for its turn, is
 cancelled between two segments when its client goes away. A solve is its client's: only its id stops it or reads its
 progress. A client silent for :data:`CONNECTION_TIMEOUT_S`, or whose request has not arrived within
@@ -86,7 +86,7 @@ from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, TestTimeComputeError,
                                   test_time_compute)
 from utils.solve.search import Search
-from utils.eval.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
+from utils.solve.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
                                 flops_per_pass, gif_segments, model_tokens, open_model)
 from utils.viz.puzzles import render_segments, segments_gif
 
@@ -200,7 +200,7 @@ def grid_rows(tokens: np.ndarray, task: str) -> np.ndarray:
 
 def answer_json(found: Answer) -> dict[str, Any]:
     """An answer as the page draws it: each segment's grid, the cells whose shown value it changed, sigmoid(q_halt),
-    the verdict; its GIF shows at most :data:`utils.eval.solving.GIF_FRAMES` of the segments."""
+    the verdict; its GIF shows at most :data:`utils.solve.solving.GIF_FRAMES` of the segments."""
     frames, before = [], grid_rows(found.puzzle, found.task)
     for grid, confidence in zip(found.segment_grids, found.confidence):
         shown = grid_rows(grid, found.task)
