@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     if args.budget == 0:  # as in solve.py: 0 is the fixed compute of the flags (or the run's own), no anytime line
         args.budget = None
     if args.budget is not None:
-        from utils.eval.anytime import check_budget_s
+        from utils.solve.anytime import check_budget_s
 
         check_budget_s(args.budget)
     check_test_time_flags(args)  # before the checkpoint loads; again below, against its run
@@ -215,11 +215,11 @@ def anytime_task(args: argparse.Namespace, metadata, data_path: str) -> str:
 
 
 def report_anytime(args: argparse.Namespace, trained, task: str, loader, ttc, device) -> None:
-    """Score ``--budget``'s protocol (utils/eval/anytime.py) on ``loader``'s test puzzles and print its own line
+    """Score ``--budget``'s protocol (utils/solve/anytime.py) on ``loader``'s test puzzles and print its own line
     (with ``--json``, its own JSON object): never merged into the model-only figures."""
     import dataclasses
 
-    from utils.eval.anytime import anytime_line, evaluate_anytime
+    from utils.solve.anytime import anytime_line, evaluate_anytime
 
     rounds = dataclasses.replace(ttc, rollouts=1, views=1, checker=None)
     metrics = evaluate_anytime(trained, task, loader, args.budget, rounds, device, args.max_examples)

@@ -104,7 +104,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     from utils.device import select_device, select_dtype
-    from utils.eval.anytime import anytime_compute
+    from utils.solve.anytime import anytime_compute
     from utils.solve.precision import precision_line, solving_dtype
     from utils.eval.reasoning import test_time_compute
     from utils.solve.solving import check_budget
@@ -157,7 +157,7 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     """Answer the Sudoku or maze of ``--sudoku``/``--maze``, print and draw each answer; 1 when one is not
     consistent (with what would help), else 0."""
     from utils.eval.reasoning import test_time_compute
-    from utils.eval.anytime import anytime_compute
+    from utils.solve.anytime import anytime_compute
     from utils.solve.solving import check_budget, model_tokens, open_model, read_puzzles
     from utils.viz.puzzles import ANSWER_ENDINGS
     from utils.outputs import unused_stem
@@ -212,7 +212,7 @@ def solve_a_file(args: argparse.Namespace, task: str, path: Path, device, dtype,
     import itertools
 
     from utils.data.user_puzzles import iter_puzzle_file
-    from utils.eval.anytime import anytime_compute, default_search, protocol
+    from utils.solve.anytime import anytime_compute, default_search, protocol
     from utils.eval.file_solving import solve_file
     from utils.eval.reasoning import test_time_compute
     from utils.solve.solving import check_budget, open_model
@@ -256,14 +256,14 @@ def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str],
 
 def anytime(budget: float, trained, task, puzzles, ttc, device, quiet: bool = False
             ) -> tuple[list, list[str], str, float, Optional[float]]:
-    """Each puzzle solved under ``budget`` seconds (utils/eval/anytime.py), its progress shown while it runs; the
+    """Each puzzle solved under ``budget`` seconds (utils/solve/anytime.py), its progress shown while it runs; the
     answers (None for a puzzle with no solution), a note for each (what it spent, or why nothing was), what they
     cost, the segment passes a second this machine gave, and the budget that more time would take for one that
     failed (4x this one, or the budget that holds the model's own answer where this one did not; None: none
     failed)."""
     from tqdm import tqdm
 
-    from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
+    from utils.solve.anytime import UNSOLVABLE, protocol, solve_anytime
 
     answers, notes, passes, seconds, more = [], [], 0, 0.0, None
     for name, tokens in puzzles:

@@ -18,7 +18,7 @@ Two protocols, each named in the output:
   (:func:`utils.solve.solving.segments_for`); and with early exit, the answer of the first segment whose ``q_halt``
   is positive. An answer counts when it is *a* shortest S-G path (utils/data/user_puzzles.py ``maze_problems``): for a
   maze with one shortest path that is exact accuracy, the papers' figure; the rules only score, they select nothing.
-- **checked, anytime** (``--budget`` seconds a maze, 0 for none): solve.py's search (utils/eval/anytime.py).
+- **checked, anytime** (``--budget`` seconds a maze, 0 for none): solve.py's search (utils/solve/anytime.py).
 
 A fixed-size model (one trained on 10x10) takes a smaller maze framed with walls and no larger one: those cells say
 ``-``.
@@ -104,7 +104,7 @@ def model_only(trained, mazes: np.ndarray, segment_counts: list[int], device) ->
 
 def anytime(trained, mazes: np.ndarray, budget: float, device) -> dict[str, float]:
     """Checked anytime solving of each maze within ``budget`` seconds: the fraction solved and the median seconds."""
-    from utils.eval.anytime import LATENT_NOISE, solve_anytime
+    from utils.solve.anytime import LATENT_NOISE, solve_anytime
     from utils.eval.reasoning import TestTimeCompute
     from utils.solve.solving import model_tokens
 

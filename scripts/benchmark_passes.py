@@ -4,7 +4,7 @@ utils/eval/reasoning.py now does (``rows_per_call``: on a CPU about a thousand t
 interleaved, on the same puzzle and seeds; the answers of all three are compared.
 
 A segment pass is one ACT segment of one rollout of one puzzle: what solve.py, the page, evaluate.py and anytime
-solving (utils/eval/anytime.py) spend. The table gives, for each K, the median over ``--repeats`` of passes a second
+solving (utils/solve/anytime.py) spend. The table gives, for each K, the median over ``--repeats`` of passes a second
 for each way, the ratio of now to before, and whether the answers agree (every rollout's answer equal, q_halt within
 1e-4); the first lines name the machine and its fp32 GEMM rate, measured in this run.
 

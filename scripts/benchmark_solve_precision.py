@@ -1,7 +1,7 @@
 """Segment passes a second of anytime solving in float32 and in bfloat16, against the trajectories run side by side:
 the measurement behind the precision solving uses on each device (utils/solve/precision.py).
 
-For each model and each number of rows (trajectories side by side, as a round of utils/eval/anytime.py runs them),
+For each model and each number of rows (trajectories side by side, as a round of utils/solve/anytime.py runs them),
 both precisions run the same trajectories of the same puzzle, interleaved, ``--repeats`` times; the table gives
 the median passes a second of each and their ratio. The first lines name the machine, its bf16 features and its
 GEMM rate in both precisions, measured in this run.
@@ -64,7 +64,7 @@ def passes_per_second(trained, task: str, tokens, rows: int, min_seconds: float)
     """Segment passes a second of ``rows`` trajectories side by side (the default search, every segment checked)."""
     import torch
 
-    from utils.eval.anytime import LATENT_NOISE, default_search
+    from utils.solve.anytime import LATENT_NOISE, default_search
     from utils.eval.reasoning import TestTimeCompute
     from utils.solve.search import run_trajectories
 

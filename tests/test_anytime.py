@@ -1,4 +1,4 @@
-"""Anytime solving with checked answers (utils/eval/anytime.py; solve.py and evaluate.py --budget), and rollouts
+"""Anytime solving with checked answers (utils/solve/anytime.py; solve.py and evaluate.py --budget), and rollouts
 answered side by side (utils/eval/reasoning.py), on the CPU with the bundled Sudoku model. The clock is the test's:
 a fake one that moves a fixed step each time it is read, so a budget's rounds never depend on the machine's pace."""
 
@@ -15,7 +15,8 @@ import torch
 import evaluate
 import solve
 from utils.data.user_puzzles import parse_sudoku
-from utils.eval import anytime, reasoning
+from utils.eval import reasoning
+from utils.solve import anytime
 from utils.solve import solving
 from utils.eval.reasoning import Cancelled, TestTimeCompute, dihedral_order, reason
 from utils.solve.solving import open_model

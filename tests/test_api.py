@@ -11,7 +11,7 @@ import pytest
 
 import solve
 from utils.eval import api
-from utils.eval.anytime import protocol
+from utils.solve.anytime import protocol
 from utils.eval.reasoning import TestTimeComputeError
 
 ROOT = Path(__file__).resolve().parents[1]

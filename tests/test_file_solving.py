@@ -16,7 +16,7 @@ import solve
 from utils.data.sudoku.rating import search
 from utils.data.user_puzzles import PuzzleInputError, iter_puzzle_file, parse_maze
 from utils.eval import file_solving
-from utils.eval.anytime import AnytimeAnswer, Spent
+from utils.solve.anytime import AnytimeAnswer, Spent
 from utils.solve.answers_file import COLUMNS, read_rows
 from utils.solve.solving import Answer
 

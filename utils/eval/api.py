@@ -8,7 +8,7 @@
     for found in solver.sudokus(open("puzzles.txt"), budget=2.0):   # answers as they are found
         print(found.consistent)
 
-Each puzzle is solved as ``solve.py`` solves it: checked, anytime (utils/eval/anytime.py) within ``budget`` seconds,
+Each puzzle is solved as ``solve.py`` solves it: checked, anytime (utils/solve/anytime.py) within ``budget`` seconds,
 in the precision measured to solve the most puzzles a second (utils/solve/precision.py). A figure from it is under
 that protocol (:attr:`Solution.protocol`), not the references' one answer.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 from utils.data.user_puzzles import PuzzleInputError, parse_maze, parse_sudoku, puzzle_text
 from utils.device import select_device
-from utils.eval.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protocol, solve_anytime
+from utils.solve.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protocol, solve_anytime
 from utils.eval.load import Trained
 from utils.solve.precision import solving_dtype
 from utils.eval.reasoning import MAX_SEED, TestTimeCompute, TestTimeComputeError

@@ -3,7 +3,7 @@ puzzle read as it is needed, answered, and its row written to ``OUT/answers.csv`
 so memory and the time to the first answer do not grow with the file, a stop keeps every answer found, and the same
 command continues where it stopped. A line that is not a puzzle gets a row saying why, and the rest are answered.
 
-Under a budget each puzzle is solved by anytime solving (utils/eval/anytime.py); with fixed compute (``--budget 0``)
+Under a budget each puzzle is solved by anytime solving (utils/solve/anytime.py); with fixed compute (``--budget 0``)
 puzzles are answered in batches of one size, as many as take about :data:`FIXED_BATCH_S` seconds.
 
 Exit codes: 0 every puzzle answered and every answer consistent; 1 some answer is not consistent (or the puzzle has
@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from utils.data.user_puzzles import FileEntry, PuzzleInputError, iter_puzzle_file, puzzle_text
 from utils.solve.answers_file import BAD_LINE, AnswersFile, excerpt, summary
-from utils.eval.anytime import UNSOLVABLE, protocol, solve_anytime
+from utils.solve.anytime import UNSOLVABLE, protocol, solve_anytime
 from utils.solve.solving import Answer, answer, check_fits, model_tokens
 from utils.eval.stats import wilson_interval
 

@@ -1,6 +1,6 @@
 """The test-time compute flags of ``evaluate.py`` and ``solve.py``, defined once, without importing torch: a
 ``--help`` answers at once (the policy they set lives in utils/eval/reasoning.py, the anytime budget in
-utils/eval/anytime.py)."""
+utils/solve/anytime.py)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def add_test_time_arguments(parser) -> None:
 
 
 def add_budget_argument(parser, default: Optional[float], default_says: str) -> None:
-    """``--budget SECONDS`` of ``solve.py`` and ``evaluate.py``: anytime solving (utils/eval/anytime.py)."""
+    """``--budget SECONDS`` of ``solve.py`` and ``evaluate.py``: anytime solving (utils/solve/anytime.py)."""
     parser.add_argument("--budget", type=float, default=default, metavar="SECONDS",
                         help="anytime solving with checked answers (Sudoku, mazes): spend up to SECONDS a puzzle on "
                              "rounds of more and more trajectories, each in a symmetry of the puzzle with latent noise "

@@ -14,7 +14,7 @@ works offline) and a JSON API that solving goes through (utils/solve/solving.py,
                        "rollouts", "noise", "views", "rollout_seed", "checked", "budget"}; the answer after every ACT
                        segment, sigmoid(q_halt) per segment, the verdict, the GIF (base64), the answer as text and
                        the compute used, and with a "budget" (seconds a puzzle: anytime solving with checked answers,
-                       utils/eval/anytime.py) what it spent ("anytime"); or {"error": ONE_LINE} with status 400, the
+                       utils/solve/anytime.py) what it spent ("anytime"); or {"error": ONE_LINE} with status 400, the
                        line solve.py prints with the request's field names for its flags (budget, not --budget)
     GET  /api/progress ?solve=SOLVE_ID: {"solving": false} (no such solve under way), or {"solving": true,
                        "waiting"} (for its turn) and once an anytime solve runs "budget", "seconds", "rounds",
@@ -81,7 +81,7 @@ from utils.run.main import Terminated, one_line, sigterm_as_ctrl_c
 from utils.run.stop import signal_exit_code
 from utils.train.arc_adapt import adapt_and_answer, task_from_json
 from utils.config import ConfigError
-from utils.eval.anytime import UNSOLVABLE, Spent, anytime_compute, default_search, protocol, solve_anytime
+from utils.solve.anytime import UNSOLVABLE, Spent, anytime_compute, default_search, protocol, solve_anytime
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import (RULES, TEST_TIME_FLAGS, Cancelled, TestTimeCompute, TestTimeComputeError,
                                   test_time_compute)
@@ -365,7 +365,7 @@ class Solver:
 
     def _anytime(self, offered: Offered, tokens: np.ndarray, budget: float, ttc: TestTimeCompute, search: Search,
                  cancelled: Callable[[], bool], mine: _Solve) -> tuple[Answer, dict[str, Any]]:
-        """Solve under ``budget`` seconds (utils/eval/anytime.py) with ``search``, reporting ``mine``'s progress
+        """Solve under ``budget`` seconds (utils/solve/anytime.py) with ``search``, reporting ``mine``'s progress
         after every round; the answer kept and what was spent.
 
         Raises:

@@ -1,5 +1,5 @@
 """Test-time search over trajectories for puzzles whose answers can be checked (Sudoku, mazes): the mechanics under
-anytime solving (utils/eval/anytime.py) and its measurement (scripts/measure_search.py).
+anytime solving (utils/solve/anytime.py) and its measurement (scripts/measure_search.py).
 
 A *trajectory* is one run of the model over ``segments`` ACT segments. Trajectory 0 of a solve is the model's own:
 the puzzle as given, from the model's initial state, the references' evaluation of that puzzle. Trajectory k >= 1
