@@ -207,13 +207,13 @@ def is_file_of_puzzles(task: str, spec: str) -> bool:
 
 
 def solve_a_file(args: argparse.Namespace, task: str, path: Path, device, dtype, out: Path) -> int:
-    """Answer every puzzle of the file ``path`` into ``out/answers.csv`` (utils/eval/file_solving.py); its exit
+    """Answer every puzzle of the file ``path`` into ``out/answers.csv`` (utils/solve/file_solving.py); its exit
     code."""
     import itertools
 
     from utils.data.user_puzzles import iter_puzzle_file
     from utils.solve.anytime import anytime_compute, default_search, protocol
-    from utils.eval.file_solving import solve_file
+    from utils.solve.file_solving import solve_file
     from utils.eval.reasoning import test_time_compute
     from utils.solve.solving import check_budget, open_model
 

@@ -1,4 +1,4 @@
-"""Files of puzzles answered into OUT/answers.csv (utils/eval/file_solving.py, utils/solve/answers_file.py; solve.py
+"""Files of puzzles answered into OUT/answers.csv (utils/solve/file_solving.py, utils/solve/answers_file.py; solve.py
 --sudoku FILE / --maze FILE): streamed, resumable, bad lines skipped; on the CPU with the bundled models."""
 
 import csv
@@ -15,7 +15,7 @@ import pytest
 import solve
 from utils.data.sudoku.rating import search
 from utils.data.user_puzzles import PuzzleInputError, iter_puzzle_file, parse_maze
-from utils.eval import file_solving
+from utils.solve import file_solving
 from utils.solve.anytime import AnytimeAnswer, Spent
 from utils.solve.answers_file import COLUMNS, read_rows
 from utils.solve.solving import Answer
