@@ -6,7 +6,7 @@
     python solve.py --checkpoint checkpoints/sudoku-trm-cpu/RUN --sudoku my_puzzles.csv --segments 32 --early-exit
     python solve.py --checkpoint RUN --arc my_task.json --adapt-steps 200      # writes submission.json
 
-From Python: ``import solve; solver = solve.Solver(); solver.sudoku("...")`` (utils/eval/api.py, docs/solving.md).
+From Python: ``import solve; solver = solve.Solver(); solver.sudoku("...")`` (utils/solve/api.py, docs/solving.md).
 
 Without ``--checkpoint``, Sudoku and 10x10 mazes are answered by the model bundled for them in models/pretrained/
 (scripts/bundle_model.py makes one, with its card: recipe, data, held-out accuracy, the test-time compute it uses),
@@ -390,10 +390,10 @@ def report(found, stem: Path, views: int = 1, note: str = "") -> None:
 
 
 def __getattr__(name: str):
-    """``solve.Solver``: the solver for your own code (utils/eval/api.py), loaded with torch only when asked for, so
+    """``solve.Solver``: the solver for your own code (utils/solve/api.py), loaded with torch only when asked for, so
     that ``solve.py --help`` stays quick."""
     if name in ("Solver", "Solution"):
-        from utils.eval import api
+        from utils.solve import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'solve' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The solver called from code (``solve.Solver``, utils/eval/api.py): the example of docs/solving.md runs as written,
+"""The solver called from code (``solve.Solver``, utils/solve/api.py): the example of docs/solving.md runs as written,
 answers carry what they claim, and bad input is one documented exception. On the CPU, with the bundled models."""
 
 import contextlib
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import solve
-from utils.eval import api
+from utils.solve import api
 from utils.solve.anytime import protocol
 from utils.eval.reasoning import TestTimeComputeError
 
