@@ -17,7 +17,8 @@ LAYERS = [
     ["utils.data"],                                 # formats, builders, the outputs-file format; sudoku/, cape/
     ["models"],                                     # the arch registry, shared blocks, hrm/, trm/, cape/
     ["utils.run"],                                  # the run lifecycle, shared by both trainers (knows no model)
-    ["utils.eval", "utils.viz"],                    # metrics, evaluators, test-time compute, solving; pictures
+    ["utils.eval", "utils.viz"],                    # the papers' protocols, the rollout mechanics; pictures
+    ["utils.solve"],                                # a user's solve: search, anytime rounds, answers.csv, the API
     ["utils.train", "models.train_cape_episodic"],  # the trainers, and the ARC adaptation that drives one
     ["utils.serve"],                                # the page of solve.py --serve
 ]
@@ -65,6 +66,13 @@ def violations() -> list[str]:
 
 def test_no_import_points_up_or_sideways():
     assert violations() == []
+
+
+def test_each_package_docstring_names_its_layer():
+    """The one-line docstring at the top of each layered package says what it holds and what it may import."""
+    for room in ("utils.eval", "utils.solve", "utils.serve"):
+        text = (ROOT / room.replace(".", "/") / "__init__.py").read_text(encoding="utf-8")
+        assert text.startswith('"""') and "layer" in text.split('"""')[1], room
 
 
 def test_every_package_has_a_layer():
