@@ -78,11 +78,12 @@ def test_solve_without_a_checkpoint_uses_the_bundled_model_and_names_it(tiny_bun
 
 
 def test_a_puzzle_the_bundled_model_cannot_take_is_one_line(tiny_bundled, tmp_path, capsys):
-    maze = tmp_path / "small.txt"
-    maze.write_text(MAZE)  # 5x5: the bundled maze model knows 10x10
+    maze = tmp_path / "large.txt"
+    maze.write_text("\n".join(["S" + " " * 11] + [" " * 12] * 10 + [" " * 11 + "G"]))  # 12x12: past the bundled side
+    side = solving.BUNDLED["maze"].side
     assert_one_line(capsys, solve.main(["--device", "cpu", "--maze", str(maze), "--out", str(tmp_path / "o")]),
-                    "the bundled model maze_10x10_trm.pt was trained on 10x10 mazes, not on mazes of 5x5: give "
-                    "--checkpoint")
+                    f"a maze 12 cells wide or tall is larger than the bundled model {solving.BUNDLED['maze'].file} "
+                    f"takes: at most {side}x{side}")
     task = tmp_path / "task.json"
     task.write_text('{"train": [{"input": [[1]], "output": [[2]]}], "test": [{"input": [[1]]}]}')
     assert_one_line(capsys, solve.main(["--device", "cpu", "--arc", str(task), "--out", str(tmp_path / "o")]),

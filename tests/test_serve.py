@@ -739,9 +739,9 @@ def test_issue62_solves_from_one_address_leave_it_connections_to_stop_them(shipp
 
 @pytest.mark.parametrize("method,path,body,error", [
     ("POST", "/api/solve", {"model": 0, "puzzle": SUDOKU, "solve_id": "short"}, "solve_id='short' is not a solve's id"),
-    ("GET", "/api/progress", None, "solve=None is not a solve's id"),
+    ("GET", "/api/progress", None, "the request names no solve: give solve"),
     ("GET", "/api/progress?solve=a%20space%20in%20it", None, "solve='a space in it' is not a solve's id"),
-    ("POST", "/api/stop", {}, "solve=None is not a solve's id"),
+    ("POST", "/api/stop", {}, "the request names no solve: give solve"),
     ("POST", "/api/stop", {"solve": 12345678}, "solve=12345678 is not a solve's id"),
 ])
 def test_issue62_a_malformed_solve_id_gets_one_line(shipped, method, path, body, error):
