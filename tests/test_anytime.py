@@ -20,7 +20,7 @@ from utils.solve import anytime
 from utils.solve import solving
 from utils.eval.reasoning import Cancelled, TestTimeCompute, dihedral_order, reason
 from utils.solve.solving import open_model
-from utils.serve.server import MAX_PAGE_BUDGET_S
+from utils.serve.fields import MAX_PAGE_BUDGET_S
 from tests.test_serve import call, shipped, until  # noqa: F401  (a fixture)
 
 CPU = torch.device("cpu")

