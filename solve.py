@@ -158,7 +158,8 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     consistent (with what would help), else 0."""
     from utils.eval.reasoning import test_time_compute
     from utils.solve.anytime import anytime_compute
-    from utils.solve.solving import check_budget, model_tokens, open_model, read_puzzles
+    from utils.solve.precheck import prepare
+    from utils.solve.solving import check_budget, open_model, read_puzzles
     from utils.viz.puzzles import ANSWER_ENDINGS
     from utils.outputs import unused_stem
 
@@ -168,7 +169,8 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
         return solve_a_file(args, task, Path(spec), device, dtype, out)
     read = read_puzzles(task, spec)
     trained = open_model(args.checkpoint, task, max(len(tokens) for _, tokens, _ in read), len(read), device, dtype)
-    puzzles = [(name, model_tokens(trained, task, tokens)) for name, tokens, _ in read]
+    ready = [prepare(trained, task, tokens, shape) for _, tokens, shape in read]
+    puzzles = [(name, one.tokens) for (name, _, _), one in zip(read, ready)]
     if not args.quiet:
         print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)
     ttc = anytime_compute(args, test_time_compute(args, trained.cfg, keep_segments=True, task=task))
@@ -177,7 +179,8 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
     if args.budget is None:
         answers, notes, spent, rate = fixed_compute(trained, task, puzzles, ttc, device)
     else:
-        answers, notes, spent, rate, more = anytime(args.budget, trained, task, puzzles, ttc, device, args.quiet)
+        answers, notes, spent, rate, more = anytime(args.budget, trained, task, puzzles, ttc, device, args.quiet,
+                                                    [one.solutions for one in ready])
     out.mkdir(parents=True, exist_ok=True)
     earlier = len(list(out.glob(f"{task}_*.png"))) - len(list(out.glob(f"{task}_*_strip.png")))
     for i, (found, note, (name, _, shape)) in enumerate(zip(answers, notes, read)):
@@ -254,19 +257,19 @@ def fixed_compute(trained, task, puzzles, ttc, device) -> tuple[list, list[str],
             passes * len(puzzles) / max(seconds, 1e-9))
 
 
-def anytime(budget: float, trained, task, puzzles, ttc, device, quiet: bool = False
-            ) -> tuple[list, list[str], str, float, Optional[float]]:
+def anytime(budget: float, trained, task, puzzles, ttc, device, quiet: bool = False,
+            solutions: Optional[list[int]] = None) -> tuple[list, list[str], str, float, Optional[float]]:
     """Each puzzle solved under ``budget`` seconds (utils/solve/anytime.py), its progress shown while it runs; the
     answers (None for a puzzle with no solution), a note for each (what it spent, or why nothing was), what they
     cost, the segment passes a second this machine gave, and the budget that more time would take for one that
     failed (4x this one, or the budget that holds the model's own answer where this one did not; None: none
-    failed)."""
+    failed). ``solutions``: each puzzle's, counted before (utils/solve/precheck.py), so none is counted twice."""
     from tqdm import tqdm
 
     from utils.solve.anytime import UNSOLVABLE, protocol, solve_anytime
 
     answers, notes, passes, seconds, more = [], [], 0, 0.0, None
-    for name, tokens in puzzles:
+    for (name, tokens), counted in zip(puzzles, solutions or [None] * len(puzzles)):
         with tqdm(total=budget, desc=name, unit="s", leave=False, bar_format="{desc}: {bar} {n:.1f}/{total:g} s"
                   "{postfix}", disable=quiet or not sys.stderr.isatty()) as bar:  # bars only on a terminal
             def shown(spent, best, bar=bar):
@@ -274,7 +277,8 @@ def anytime(budget: float, trained, task, puzzles, ttc, device, quiet: bool = Fa
                 bar.set_postfix_str(f"round {spent.rounds}, {spent.passes:,} segment passes"
                                     f"{', consistent' if best.consistent else ''}")
 
-            solved = solve_anytime(trained, task, name, tokens, budget, ttc, device, progress=shown)
+            solved = solve_anytime(trained, task, name, tokens, budget, ttc, device, progress=shown,
+                                   solutions=counted)
         spent = solved.spent
         answers.append(solved.answer)
         if solved.ended == "unsolvable":
@@ -353,7 +357,8 @@ def check_adaptable(args: argparse.Namespace):
     """
     import torch
 
-    from utils.solve.solving import TASK_SEQ_LEN, open_model
+    from utils.solve.precheck import TASK_SEQ_LEN
+    from utils.solve.solving import open_model
 
     trained = open_model(args.checkpoint, "arc", TASK_SEQ_LEN["arc"], 1, torch.device("cpu"), torch.float32)
     if not args.adapt_all and not trained.cfg.arch.get("puzzle_emb_ndim"):

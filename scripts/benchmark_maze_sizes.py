@@ -79,7 +79,7 @@ def model_only(trained, mazes: np.ndarray, segment_counts: list[int], device) ->
 
     from utils.data.user_puzzles import maze_problems
     from utils.eval.reasoning import initial_carry, run_segments
-    from utils.solve.solving import model_tokens
+    from utils.solve.precheck import model_tokens
 
     seen = np.stack([model_tokens(trained, "maze", tokens) for tokens in mazes])
     inputs = torch.from_numpy(seen.astype(np.int32)).to(device)
@@ -106,7 +106,7 @@ def anytime(trained, mazes: np.ndarray, budget: float, device) -> dict[str, floa
     """Checked anytime solving of each maze within ``budget`` seconds: the fraction solved and the median seconds."""
     from utils.solve.anytime import LATENT_NOISE, solve_anytime
     from utils.eval.reasoning import TestTimeCompute
-    from utils.solve.solving import model_tokens
+    from utils.solve.precheck import model_tokens
 
     solved, seconds = [], []
     for i, tokens in enumerate(mazes):
@@ -124,7 +124,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
     from utils.device import select_device
     from utils.solve.precision import solving_dtype
-    from utils.solve.solving import largest_side, open_model, segments_for
+    from utils.solve.precheck import largest_side, segments_for
+    from utils.solve.solving import open_model
 
     device = select_device(args.device).device
     dtype, _ = solving_dtype(device, args.forward_dtype)

@@ -178,7 +178,7 @@ def test_a_budget_too_short_for_the_models_own_answer_advises_the_budget_that_ho
     from utils.solve import anytime as anytime_module
     from utils.solve.anytime import AnytimeAnswer, Spent
 
-    def cut_short(trained, task, name, tokens, budget, ttc, device, progress=None):
+    def cut_short(trained, task, name, tokens, budget, ttc, device, **_):
         return AnytimeAnswer(None, Spent(1, 0.4, 1, 1), "budget", own_seconds=2.0)
 
     monkeypatch.setattr(anytime_module, "solve_anytime", cut_short)

@@ -18,7 +18,7 @@ from utils.data.user_puzzles import PuzzleInputError, iter_puzzle_file, parse_ma
 from utils.solve import file_solving
 from utils.solve.anytime import AnytimeAnswer, Spent
 from utils.solve.answers_file import COLUMNS, read_rows
-from utils.solve.solving import Answer
+from utils.solve.verdict import Answer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP95 = [line.split()[0] for line in (ROOT / "utils/data/sudoku/outside_puzzles/norvig_top95.txt").read_text().splitlines()
@@ -41,7 +41,7 @@ def fake_solver(monkeypatch, stop_at: int = 0, record: bool = True):
     Ctrl-C at that call. The calls made are returned (with ``record``)."""
     calls = []
 
-    def solve_anytime(trained, task, name, tokens, budget, ttc, device):
+    def solve_anytime(trained, task, name, tokens, budget, ttc, device, **_):
         if record:
             calls.append(name)
         if record and len(calls) == stop_at:

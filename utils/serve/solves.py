@@ -26,8 +26,9 @@ from utils.solve.anytime import UNSOLVABLE, Spent, anytime_compute, default_sear
 from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import RULES, Cancelled, TestTimeCompute, test_time_compute
 from utils.solve.search import Search
-from utils.solve.solving import (BUNDLED, VOCAB, Answer, answer, check_budget, check_fits, compute_budget,
-                                flops_per_pass, gif_segments, model_tokens, open_model)
+from utils.solve.precheck import VOCAB, Prepared, prepare
+from utils.solve.solving import BUNDLED, answer, check_budget, compute_budget, flops_per_pass, gif_segments, open_model
+from utils.solve.verdict import Answer
 from utils.viz.puzzles import render_segments, segments_gif
 
 from utils.serve.fields import (COMPUTE_FIELDS, request_compute, named_as_fields, page_budget, checked_solve_id,
@@ -194,19 +195,19 @@ class Solver:
             with self._owned(solve_id) as mine, _Turn(self, mine, cancelled, f"{offered.label}, {used}",
                                                       stoppable=False):
                 return self._arc(offered, task, known, ttc)
-        tokens, shape = self._puzzle(offered, request.get("puzzle"))
+        ready = self._puzzle(offered, request.get("puzzle"))
         with self._owned(solve_id) as mine, _Turn(self, mine, cancelled, f"{offered.label}, {used}"):
             if flags.budget:
-                search = default_search(offered.trained, ttc, tokens.size)
-                found, spent = self._anytime(offered, tokens, flags.budget, ttc, search, cancelled, mine)
+                search = default_search(offered.trained, ttc, ready.tokens.size)
+                found, spent = self._anytime(offered, ready, flags.budget, ttc, search, cancelled, mine)
                 # What the rounds ran, not the one unchecked rollout that anytime_compute hands each of them.
                 used |= {"rollouts": spent["trajectories"], "noise": search.latent_noise, "checked": True,
                          "search": search.describe()}
             else:
-                found, spent = self._fixed(offered, tokens, ttc, cancelled, mine), None
+                found, spent = self._fixed(offered, ready.tokens, ttc, cancelled, mine), None
             if cancelled():
                 raise Cancelled("stopped before drawing the answer")
-            shown = answer_json(dataclasses.replace(found, shape=shape))
+            shown = answer_json(dataclasses.replace(found, shape=ready.shape))
             return {"model": offered.label, **shown, "compute": used} | ({"anytime": spent} if spent else {})
 
     @contextlib.contextmanager
@@ -277,7 +278,7 @@ class Solver:
             raise PuzzleInputError("stopped before the answer was complete: fixed compute keeps no answer so far (a "
                                    "time budget keeps its best one)") from None
 
-    def _anytime(self, offered: Offered, tokens: np.ndarray, budget: float, ttc: TestTimeCompute, search: Search,
+    def _anytime(self, offered: Offered, ready: Prepared, budget: float, ttc: TestTimeCompute, search: Search,
                  cancelled: Callable[[], bool], mine: _Solve) -> tuple[Answer, dict[str, Any]]:
         """Solve under ``budget`` seconds (utils/solve/anytime.py) with ``search``, reporting ``mine``'s progress
         after every round; the answer kept and what was spent.
@@ -292,8 +293,9 @@ class Solver:
         def progressed(spent: Spent, best: Answer) -> None:
             mine.progress = {**mine.progress, **dataclasses.asdict(spent), "consistent": best.consistent}
 
-        solved = solve_anytime(offered.trained, offered.task, "puzzle", tokens, budget, ttc, self.device,
-                               enough=mine.enough.is_set, cancel=cancelled, progress=progressed, search=search)
+        solved = solve_anytime(offered.trained, offered.task, "puzzle", ready.tokens, budget, ttc, self.device,
+                               enough=mine.enough.is_set, cancel=cancelled, progress=progressed, search=search,
+                               solutions=ready.solutions)
         if solved.ended == "unsolvable":
             raise PuzzleInputError(f"{UNSOLVABLE[offered.task]}; nothing was run")
         if solved.answer is None:
@@ -302,8 +304,8 @@ class Solver:
                                "protocol": protocol(budget)}
 
     @staticmethod
-    def _puzzle(offered: Offered, puzzle: Any) -> tuple[np.ndarray, Optional[tuple[int, int]]]:
-        """The request's puzzle as the tokens [S] ``offered``'s model answers, and a maze's own shape (rows, cols).
+    def _puzzle(offered: Offered, puzzle: Any) -> Prepared:
+        """The request's puzzle, prepared for ``offered``'s model (utils/solve/precheck.py).
 
         Raises:
             PuzzleInputError: empty, malformed, or of a size the model does not take.
@@ -313,8 +315,7 @@ class Solver:
             raise PuzzleInputError(f"the puzzle is empty: give {wanted}")
         tokens, shape = (parse_sudoku(puzzle, "the puzzle"), None) if offered.task == "sudoku" else \
             parse_maze(puzzle, "the maze")
-        check_fits(offered.trained, offered.task, tokens.size)
-        return model_tokens(offered.trained, offered.task, tokens), shape
+        return prepare(offered.trained, offered.task, tokens, shape)
 
     def _arc(self, offered: Offered, task, known: bool, ttc: TestTimeCompute) -> dict[str, Any]:
         """Adapt to an ARC task sent as JSON and answer it: both attempts of each test input, with every segment's

@@ -44,7 +44,8 @@ from utils.eval.load import Trained
 from utils.eval.reasoning import (RULES, Cancelled, TestTimeCompute, TestTimeComputeError, checked_better,
                                   rows_per_call)
 from utils.solve.search import Search, Segment, run_trajectories
-from utils.solve.solving import Answer, segments_for
+from utils.solve.precheck import segments_for
+from utils.solve.verdict import Answer
 from utils.eval.stats import with_interval
 
 MAX_BUDGET_S = 24 * 3600.0
@@ -155,12 +156,15 @@ def solve_anytime(trained: Trained, task: str, name: str, tokens: np.ndarray, bu
                   device: torch.device, enough: Optional[Callable[[], bool]] = None,
                   cancel: Optional[Callable[[], bool]] = None,
                   progress: Optional[Callable[[Spent, Answer], None]] = None,
-                  clock: Callable[[], float] = time.monotonic, search: Optional[Search] = None) -> AnytimeAnswer:
+                  clock: Callable[[], float] = time.monotonic, search: Optional[Search] = None,
+                  solutions: Optional[int] = None) -> AnytimeAnswer:
     """Solve one puzzle (``tokens`` [S], a Sudoku or a square maze) within ``budget_s`` seconds, as the module
     docstring says; ``search`` (default :func:`default_search` of ``ttc``) sets the trajectories, ``ttc.seed``
     their first seed.
 
     Args:
+        solutions: the puzzle's solutions, counted up to 2 (:func:`utils.solve.precheck.prepare` counts them; None:
+            counted here).
         enough: asked before every segment; True ends the solve with the best answer so far (the page's stop).
         cancel: asked before every segment; True abandons the solve (the page's client left, the server stops).
         progress: called after every round with what was spent and the answer kept so far.
@@ -169,7 +173,7 @@ def solve_anytime(trained: Trained, task: str, name: str, tokens: np.ndarray, bu
         Cancelled: ``cancel`` said so; nothing is answered.
     """
     search = search or default_search(trained, ttc, tokens.size)
-    solutions = count_puzzle_solutions(task, tokens)
+    solutions = count_puzzle_solutions(task, tokens) if solutions is None else solutions
     if solutions == 0:
         return AnytimeAnswer(None, Spent(), "unsolvable")
     most = rows_per_call(device, tokens.size)

@@ -28,7 +28,8 @@ from utils.solve.anytime import LATENT_NOISE, UNSOLVABLE, check_budget_s, protoc
 from utils.eval.load import Trained
 from utils.solve.precision import solving_dtype
 from utils.eval.reasoning import MAX_SEED, TestTimeCompute, TestTimeComputeError
-from utils.solve.solving import model_tokens, open_model
+from utils.solve.precheck import prepare
+from utils.solve.solving import open_model
 
 __all__ = ["Solver", "Solution", "PuzzleInputError"]
 
@@ -149,9 +150,10 @@ class Solver:
         check_budget_s(budget, "budget")
         with self._turn:
             trained = self._model(task, tokens.size)
-            tokens = model_tokens(trained, task, tokens)
+            ready = prepare(trained, task, tokens, shape)
             ttc = TestTimeCompute(noise=LATENT_NOISE, seed=self.seed)
-            solved = solve_anytime(trained, task, task, tokens, budget, ttc, self.device)
+            solved = solve_anytime(trained, task, task, ready.tokens, budget, ttc, self.device,
+                                   solutions=ready.solutions)
         found = solved.answer
         if found is None:
             return Solution(task, "", False, False, solved.ended, (UNSOLVABLE[task],), protocol(budget), 0, 0.0, ())

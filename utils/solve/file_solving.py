@@ -24,7 +24,9 @@ from tqdm import tqdm
 from utils.data.user_puzzles import FileEntry, PuzzleInputError, iter_puzzle_file, puzzle_text
 from utils.solve.answers_file import BAD_LINE, AnswersFile, excerpt, summary
 from utils.solve.anytime import UNSOLVABLE, protocol, solve_anytime
-from utils.solve.solving import Answer, answer, check_fits, model_tokens
+from utils.solve.precheck import prepare
+from utils.solve.solving import answer
+from utils.solve.verdict import Answer
 from utils.eval.stats import wilson_interval
 
 FIXED_BATCH = 64  # puzzles answered together under fixed compute at most: bounded memory, whatever the file's length
@@ -67,14 +69,15 @@ def solve_file(trained, task: str, path: Path, out: Path, settings: dict, budget
             field = puzzle_field(task, entry)
             if answers.answered.check(entry.line, field, path.name):
                 continue
-            entry = _fitted(trained, task, entry)
+            entry, solutions = _prepared(trained, task, entry)
             if budget is None:  # rows keep the file's order: a bad line waits for the puzzles before it
-                batch.add(entry, field)
+                batch.add(entry, field, solutions)
             elif entry.error is not None:
                 _write(answers, _bad_row(entry, field))
             else:
-                solved = solve_anytime(trained, task, f"line {entry.line}", entry.tokens, budget, ttc, device)
-                _write(answers, _row(task, entry, field, solved.answer, solved.ended, how, precision,
+                solved = solve_anytime(trained, task, f"line {entry.line}", entry.tokens, budget, ttc, device,
+                                       solutions=solutions)
+                _write(answers, _row(task, entry, field, solutions, solved.answer, solved.ended, how, precision,
                                      solved.spent.passes, solved.spent.seconds), shown, solved.answer, entry)
             bar.update(1)
         batch.flush()
@@ -93,16 +96,16 @@ def puzzle_field(task: str, entry: FileEntry) -> str:
     return grid_text(task, entry.tokens, entry.shape)
 
 
-def _fitted(trained, task: str, entry: FileEntry) -> FileEntry:
-    """``entry`` with the tokens the model answers (a maze framed up to a fixed-size model's side), or as a bad entry
-    where the model does not take its puzzle (another size, one larger than it takes)."""
+def _prepared(trained, task: str, entry: FileEntry) -> tuple[FileEntry, Optional[int]]:
+    """``entry`` with the tokens the model answers and its solutions counted (:func:`utils.solve.precheck.prepare`),
+    or as a bad entry where the model does not take its puzzle (another size, one larger than it takes)."""
     if entry.tokens is None:
-        return entry
+        return entry, None
     try:
-        check_fits(trained, task, entry.tokens.size)
+        ready = prepare(trained, task, entry.tokens, entry.shape)
     except PuzzleInputError as e:
-        return replace(entry, tokens=None, error=str(e))
-    return replace(entry, tokens=model_tokens(trained, task, entry.tokens))
+        return replace(entry, tokens=None, error=str(e)), None
+    return replace(entry, tokens=ready.tokens), ready.solutions
 
 
 class _FixedBatch:
@@ -113,32 +116,32 @@ class _FixedBatch:
     def __init__(self, answers: AnswersFile, trained, task: str, ttc, device, precision: str, how: str, shown):
         self.answers, self.trained, self.task, self.ttc, self.device = answers, trained, task, ttc, device
         self.precision, self.how, self.shown = precision, how, shown
-        self.pending: list[tuple[FileEntry, str]] = []
+        self.pending: list[tuple[FileEntry, str, Optional[int]]] = []
         self.size, self.seconds_each = 1, None
 
-    def add(self, entry: FileEntry, field: str) -> None:
-        good = [e for e, _ in self.pending if e.error is None]
+    def add(self, entry: FileEntry, field: str, solutions: Optional[int]) -> None:
+        good = [e for e, _, _ in self.pending if e.error is None]
         if entry.error is None and any(e.tokens.size != entry.tokens.size for e in good):
             self.flush()  # one size a batch
-        self.pending.append((entry, field))
-        if sum(e.error is None for e, _ in self.pending) >= self.size:
+        self.pending.append((entry, field, solutions))
+        if sum(e.error is None for e, _, _ in self.pending) >= self.size:
             self.flush()
 
     def flush(self) -> None:
         """Answer the pending puzzles together, write their rows, and size the next batch by their pace."""
-        good = [e for e, _ in self.pending if e.error is None]
+        good = [e for e, _, _ in self.pending if e.error is None]
         start = time.monotonic()
         found = iter(answer(self.trained, self.task, [(f"line {e.line}", e.tokens) for e in good], self.ttc,
                             self.device) if good else [])
         seconds = (time.monotonic() - start) / max(len(good), 1)
         passes = self.ttc.passes(self.trained.cfg.arch["halt_max_steps"]) if good else 0
-        for entry, field in self.pending:
+        for entry, field, solutions in self.pending:
             if entry.error is not None:
                 _write(self.answers, _bad_row(entry, field))
             else:
                 one = next(found)
-                _write(self.answers, _row(self.task, entry, field, one, "", self.how, self.precision, passes,
-                                          seconds), self.shown, one, entry)
+                _write(self.answers, _row(self.task, entry, field, solutions, one, "", self.how, self.precision,
+                                          passes, seconds), self.shown, one, entry)
         self.pending.clear()
         if good:
             self.size = max(1, min(FIXED_BATCH, int(FIXED_BATCH_S / max(seconds, 1e-6))))
@@ -148,20 +151,18 @@ def _bad_row(entry: FileEntry, field: str) -> dict:
     return {"line": entry.line, "puzzle": field, "verdict": f"{BAD_LINE}: {entry.error}"}
 
 
-def _row(task: str, entry: FileEntry, field: str, found: Optional[Answer], ended: str, how: str, precision: str,
-         passes: int, seconds: float) -> dict:
-    """One row of answers.csv for ``entry`` answered by ``found`` (None: the puzzle has no solution)."""
-    from utils.data.user_puzzles import count_puzzle_solutions
-
+def _row(task: str, entry: FileEntry, field: str, solutions: int, found: Optional[Answer], ended: str, how: str,
+         precision: str, passes: int, seconds: float) -> dict:
+    """One row of answers.csv for ``entry`` (its puzzle's ``solutions`` counted before its search) answered by
+    ``found`` (None: the puzzle has no solution)."""
     if ended == "unsolvable":
-        verdict, unique = f"no solution: {UNSOLVABLE[task]}", "no"
+        verdict = f"no solution: {UNSOLVABLE[task]}"
     else:
         verdict = "consistent" if found.consistent else "NOT consistent: " + "; ".join(found.problems)
-        solutions = count_puzzle_solutions(task, entry.tokens) if found.unique is None else None
-        unique = "yes" if (found.unique or solutions == 1) else "no"
     return {"line": entry.line, "puzzle": field,
             "answer": "" if found is None else grid_text(task, found.grid, entry.shape), "verdict": verdict,
-            "unique": unique, "protocol": how, "precision": precision, "passes": passes, "seconds": f"{seconds:.3f}",
+            "unique": "yes" if solutions == 1 else "no", "protocol": how, "precision": precision, "passes": passes,
+            "seconds": f"{seconds:.3f}",
             "file_answer": "" if entry.label is None else grid_text(task, entry.label, entry.shape)}
 
 

@@ -1,10 +1,9 @@
-"""Solving a user's own puzzle with a trained HRM/TRM: the one room that solve.py and the web page (utils/serve/) call.
-
-A model is a checkpoint the user names (a file, a run directory, ``hf://owner/repo``) or, without one, the model
-bundled for the task (``models/pretrained/``, each with its card). Puzzles come as a user writes them
-(utils/data/user_puzzles.py), are answered under a test-time compute policy (utils/eval/reasoning.py), and each
-answer comes back with the grid after every ACT segment, the halting confidence ``sigmoid(q_halt)`` per segment, and
-what keeps it from being a solution. An ARC task is adapted to first: utils/train/arc_adapt.py.
+"""The model a user's solve runs, and its answers under fixed compute: a checkpoint the user names (a file, a run
+directory, ``hf://owner/repo``) or, without one, the model bundled for the task (``models/pretrained/``, each with its
+card), opened and warmed; puzzles as a user writes them (utils/data/user_puzzles.py), prepared
+(utils/solve/precheck.py) and answered under a test-time compute policy (utils/eval/reasoning.py), each answer's
+verdict with every segment's grid (utils/solve/verdict.py). Anytime solving is utils/solve/anytime.py; an ARC task
+is adapted to first: utils/train/arc_adapt.py.
 
 Every request is bounded before any work (:func:`compute_budget`): its segment passes a puzzle (segments × rollouts
 × views) by what the model costs, and the segment answers it keeps by the memory available, so that neither
@@ -13,8 +12,7 @@ Every request is bounded before any work (:func:`compute_budget`): its segment p
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -23,19 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from utils.data.arc import COLOUR_OFFSET, SEQ_LEN as ARC_SEQ_LEN
-from utils.solve.bundled import BUNDLED
-from utils.data.user_puzzles import (PuzzleInputError, format_maze, format_sudoku, frame_maze, read_mazes,
-                                     read_sudokus)
+from utils.data.user_puzzles import PuzzleInputError, read_mazes, read_sudokus
 from utils.device import host_memory, memory_available
 from utils.eval.load import BUNDLED_DIR, Trained, load_trained
-from utils.eval.reasoning import (CHECKED, FLAG_NAMES, RULES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
+from utils.eval.reasoning import (CHECKED, FLAG_NAMES, SETTING_NAMES, TEST_TIME_FLAGS, TestTimeCompute,
                                   TestTimeComputeError, initial_carry, reason, run_segments, stacked_initial_carry)
+from utils.solve.bundled import BUNDLED
+from utils.solve.precheck import VOCAB, check_fits
+from utils.solve.verdict import Answer, answer_of
 
-
-# Each task's vocabulary (utils/data/user_puzzles.py, utils/data/arc.py) and how to name its puzzles.
-VOCAB = {"sudoku": (11, "Sudoku"), "maze": (6, "mazes"), "arc": (COLOUR_OFFSET + 10, "ARC grids")}
-TASK_SEQ_LEN = {"sudoku": 81, "arc": ARC_SEQ_LEN}  # a maze's is its own: side x side
 
 # What one puzzle's answer may cost, by device: about a minute of a laptop's CPU for the bundled models (1.4 GFLOP a
 # segment), and about as long on a GPU that is ~10x (Apple) or ~100x (CUDA) faster at small batches.
@@ -48,53 +42,6 @@ MEMORY_SHARE = 4  # a request keeps at most this fraction (1/4) of the memory av
 # A long answer's GIF shows this many of its segments, evenly spaced with the first and the last (each frame is a
 # picture of ~0.5 MB while it is encoded: all 1000 segments of one answer took 2.4 GB).
 GIF_FRAMES = 32
-
-
-@dataclass
-class Answer:
-    """One puzzle answered: ``puzzle`` and ``grid`` tokens [S], ``segment_grids`` [T, S] (the answer after each ACT
-    segment; after a puzzle stopped, its answer repeats), ``segment_q_halt`` [T] (the halting logit ``q_halt`` per
-    segment), ``halting`` (``sigmoid(q_halt)`` of the answer given), ``segments`` used, ``votes`` (of the views, when
-    several), ``problems`` (empty: a solution), the ``selection`` that picked it among rollouts and views:
-    ``model`` (the Q head and the votes, the references' way) or ``checked`` (an answer that obeys the rules first),
-    whether the puzzle has exactly one solution (``unique``; None where not counted), and for a maze its own
-    ``shape`` (rows, cols) within the square its tokens frame it in (None: the whole square), which :attr:`text`
-    shows."""
-
-    name: str
-    task: str
-    puzzle: np.ndarray
-    grid: np.ndarray
-    segment_grids: np.ndarray
-    segment_q_halt: np.ndarray
-    halting: float
-    segments: int
-    votes: Optional[int] = None
-    problems: list[str] = field(default_factory=list)
-    selection: str = "model"
-    unique: Optional[bool] = None
-    shape: Optional[tuple[int, int]] = None
-
-    @property
-    def text(self) -> str:
-        """The answer as text rows: a Sudoku's 9 rows with box separators, a maze's own rows over ``# SGo``."""
-        return format_sudoku(self.grid) if self.task == "sudoku" else format_maze(self.grid, self.shape)
-
-    @property
-    def confidence(self) -> np.ndarray:
-        """``sigmoid(q_halt)`` per segment, float64 [T]: the halting head's confidence that the answer is right."""
-        return 0.5 * (1 + np.tanh(self.segment_q_halt.astype(np.float64) / 2))  # sigmoid without overflow
-
-    @property
-    def consistent(self) -> bool:
-        """Whether the answer is a solution of the puzzle (no ``problems``)."""
-        return not self.problems
-
-    @property
-    def verdict(self) -> str:
-        """``consistent``, or ``NOT consistent: <why>``; with ``unique`` False, that the puzzle has several solutions."""
-        several = "; the puzzle is NOT unique: it has more than one solution" if self.unique is False else ""
-        return ("consistent" if self.consistent else "NOT consistent: " + "; ".join(self.problems)) + several
 
 
 def bundled_checkpoint(task: str) -> Path:
@@ -124,71 +71,6 @@ def read_puzzles(task: str, spec: str) -> list[tuple[str, np.ndarray, Optional[t
     if task == "sudoku":
         return [(name, tokens, None) for name, tokens in read_sudokus(spec)]
     return read_mazes(spec)
-
-
-# The recipe that trains a maze model of any size, named where a maze is larger than a model takes.
-GRID_MAZE_RECIPE = "python pretrain.py --config-name=cfg_pretrain_trm_maze_grid_cpu"
-
-
-def largest_side(trained: Trained, task: str) -> Optional[int]:
-    """The side of the largest square puzzle ``trained`` takes: a fixed-size model's own; for a grid model
-    (:attr:`Trained.grid`) the largest its card measured when it is the bundled one, else None (any side, within
-    the compute budget)."""
-    if not trained.grid:
-        return math.isqrt(trained.seq_len)
-    return BUNDLED[task].side if trained.bundled else None
-
-
-def check_fits(trained: Trained, task: str, seq_len: int) -> None:
-    """Check that ``trained`` answers ``task`` puzzles of ``seq_len`` tokens: its vocabulary, and its sequence length,
-    or for a maze (a square framed around it, utils/data/user_puzzles.py) one it takes: a fixed-size model's side or
-    less (:func:`model_tokens` frames it), a grid model's any side up to :func:`largest_side`.
-
-    Raises:
-        PuzzleInputError: the model was trained on another kind or size of puzzle (named, for a bundled model with
-            the flag that takes another); a maze larger than the model takes (naming the largest it takes and the
-            recipe that trains a model of any size).
-    """
-    bundled = trained.bundled
-    vocab, kind = VOCAB[task]
-    side, given = math.isqrt(trained.seq_len), math.isqrt(seq_len)
-    if trained.vocab_size == vocab and task == "maze" and given * given == seq_len:
-        largest = largest_side(trained, task)
-        if largest is None or given <= largest:
-            return
-        name = f"the bundled model {trained.path.name}" if bundled else str(trained.path)
-        raise PuzzleInputError(f"a maze {given} cells wide or tall is larger than {name} takes: at most "
-                               f"{largest}x{largest}; {GRID_MAZE_RECIPE} trains a model on mazes of mixed sizes that "
-                               "solves larger ones by thinking longer (give it with --checkpoint)")
-    if trained.vocab_size == vocab and trained.seq_len == seq_len:
-        return
-    if bundled:
-        raise PuzzleInputError(f"the bundled model {trained.path.name} was trained on {BUNDLED[task].what}, not on "
-                               f"{kind} of {given}x{given}: give --checkpoint with a model trained on them")
-    raise PuzzleInputError(f"{trained.path} was trained on puzzles of {trained.seq_len} cells"
-                           f"{f' ({side}x{side})' if side * side == trained.seq_len else ''} and a vocabulary of "
-                           f"{trained.vocab_size}, not {kind} of {seq_len} cells: use a checkpoint trained on them")
-
-
-def segments_for(trained: Trained, seq_len: int, segments: int) -> int:
-    """ACT segments a trajectory of ``trained`` runs on a puzzle of ``seq_len`` cells, given the run's ``segments``
-    for its own size: as many, or for a grid model on a larger square, ``segments`` times the ratio of the sides,
-    rounded up (its blocks carry information a fixed number of cells a segment, and a shortest path grows about
-    as the side: Maze-Hard's 110 moves at 30x30 against about 50 at 16x16, utils/data/maze.py)."""
-    side, own = math.isqrt(seq_len), math.isqrt(trained.seq_len)
-    if not trained.grid or side <= own:
-        return segments
-    return math.ceil(segments * side / own)
-
-
-def model_tokens(trained: Trained, task: str, tokens: np.ndarray) -> np.ndarray:
-    """The tokens [S'] ``trained`` answers for a puzzle's ``tokens`` [S] that :func:`check_fits` passed: a maze
-    smaller than a fixed-size model's grid framed with walls on the right and bottom up to it (which changes no
-    shortest path, and leaves the maze where :func:`utils.data.user_puzzles.crop_maze` takes it back); any other
-    puzzle as it is."""
-    if task != "maze" or trained.grid or tokens.size == trained.seq_len:
-        return tokens
-    return frame_maze(tokens, math.isqrt(trained.seq_len))
 
 
 def open_model(spec: Optional[str], task: str, seq_len: int, batch_size: int, device: torch.device,
@@ -242,16 +124,6 @@ def answer(trained: Trained, task: str, puzzles: list[tuple[str, np.ndarray]], t
     out = {k.removeprefix(CHECKED): v.cpu() for k, v in out.items() if k.startswith(CHECKED) == checked}
     return [answer_of(name, task, tokens, {k: v[i] for k, v in out.items()}, "checked" if checked else "model")
             for i, (name, tokens) in enumerate(puzzles)]
-
-
-def answer_of(name: str, task: str, tokens: np.ndarray, row: dict[str, torch.Tensor], selection: str) -> Answer:
-    """The :class:`Answer` of one puzzle from its row of :func:`utils.eval.reasoning.reason`'s output (``preds``
-    [S], ``segment_preds`` [T, S], ``segment_q_halt`` [T], ``q_halt_logits``, ``segments``, ``votes`` where views
-    voted; on the CPU), checked against the puzzle's rules."""
-    grid = row["preds"].numpy()
-    return Answer(name, task, tokens, grid, row["segment_preds"].numpy(), row["segment_q_halt"].float().numpy(),
-                  torch.sigmoid(row["q_halt_logits"].float()).item(), int(row["segments"]),
-                  int(row["votes"]) if "votes" in row else None, RULES[task](grid, tokens), selection)
 
 
 def gif_segments(total: int) -> list[int]:
