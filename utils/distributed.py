@@ -45,16 +45,27 @@ def init_distributed() -> Dist:
     backend = "cpu:gloo,cuda:nccl" if gpu else "gloo"
     if gpu:
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend=backend, timeout=timedelta(minutes=int(os.environ.get("HRM_DIST_TIMEOUT_MIN", "30"))))
+    timeout = timedelta(minutes=int(os.environ.get("HRM_DIST_TIMEOUT_MIN", "30")))
+    # The store torchrun's agent keeps outlives a worker group it restarts (--max-restarts): keys under this group's
+    # own prefix, so a restarted group never reads the addresses its dead predecessor left there (it would connect to
+    # them and time out: gloo's "connectFullMesh failed ... Connection refused").
+    store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+    store = dist.PrefixStore(f"worker-group-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return Dist(dist.get_rank(), dist.get_world_size(), local_rank)
 
 
 def any_rank(flag: bool, rank: Dist) -> bool:
     """True on every rank when ``flag`` is true on at least one (a rank must never act alone: peers would hang)."""
-    t = torch.tensor([int(flag)], dtype=torch.int32)
+    return any_ranks([flag], rank)[0]
+
+
+def any_ranks(flags: list[bool], rank: Dist) -> list[bool]:
+    """:func:`any_rank` of several flags in one collective: each true on every rank when it is on at least one."""
+    t = torch.tensor([int(flag) for flag in flags], dtype=torch.int32)
     if rank.world_size > 1:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
 
 
 def main_decides(value, rank: Dist):
