@@ -34,11 +34,11 @@ from models.cape import BACKBONES, MODELS, build_model, init_backbone_weights
 from models.cape.checkpoint import load_trained, model_record
 from models.cape.recipes import RECIPES, get_recipe, reference_epoch_queries
 from utils.cli import ArgumentParser
-from utils.config import ConfigError, check_number
+from utils.config import WARNING_SIGNALS, ConfigError, check_number, warning_signal_name
 from utils.data.cape.mp100 import (Augmentation, EpisodeDataset, EpisodeSampler, MP100Split, annotation_path,
                                    collate_episodes, crop_to_original, load_mp100, load_split)
 from utils.device import bf16_support, configure_backends
-from utils.distributed import Dist, any_rank, main_decides
+from utils.distributed import Dist, main_decides
 from utils.eval.pck import (EpisodeEvaluator, batch_pck, copy_support_baseline, evaluation_mask,
                             pck_field, protocol_episodes)
 from utils.hardware_optimizer import resolve_hardware_profile
@@ -53,7 +53,7 @@ from utils.run.metrics import MetricsWindow, MetricsWriter
 from utils.run.plan import Decision, Plan, layered_settings
 from utils.run.run_dir import run_location, settings_fingerprint
 from utils.run.schedule import LRSchedule
-from utils.run.session import RunSession, open_session, resume_command, stop_run
+from utils.run.session import RunSession, after_signals, open_session, restarted_resume, resume_command
 from utils.run.stop import GracefulStop, quiet_worker, start_workers
 from utils.run.train_state import Clock, RNGStates, TrainState, Value
 from utils.viz.pose import pose_grid
@@ -74,11 +74,12 @@ DEFAULTS = {
     "seed": 0, "val_interval": 1,
     "device": "auto", "hardware": "auto", "use_amp": True, "cudnn_benchmark": True, "cudnn_deterministic": False,
     "output_dir": None, "resume": None, "recipe": None, "logger": "tensorboard", "log_interval": 20,
-    "keep_last_checkpoints": 2, "max_nonfinite_steps": 10,
+    "keep_last_checkpoints": 2, "max_nonfinite_steps": 10, "warning_signal": "SIGUSR1", "on_warning": "checkpoint",
     "eval_only": False, "eval_set": "test", "predictions_out": None, "report_out": None,
 }
 # Settings that steer the run, not what it trains: left out of the fingerprint that finds "the same run".
-RUN_CONTROL = ("num_workers", "device", "hardware", "output_dir", "resume", "logger", "log_interval",
+RUN_CONTROL = ("num_workers", "device", "hardware", "output_dir", "resume", "warning_signal", "on_warning", "logger",
+               "log_interval",
                "keep_last_checkpoints", "max_nonfinite_steps", "eval_only", "eval_set", "predictions_out", "report_out",
                "backbone_weights", "cudnn_benchmark")
 # Finite ranges around the papers' recipes (Adam/AdamW lr 1e-5..2e-4, weight decay 1e-4..1e-2, clip 1, heatmap 2,
@@ -164,6 +165,11 @@ def build_parser() -> ArgumentParser:
     add(g, "--log_interval", "optimizer steps between train log points", type=int)
     add(g, "--keep_last_checkpoints", "step checkpoints kept (best.pt is kept apart); 0 keeps all", type=int)
     add(g, "--max_nonfinite_steps", "stop after this many non-finite steps in a row", type=int)
+    add(g, "--warning_signal", "a scheduler's early warning before its SIGTERM (Slurm: --signal=USR1@90), one of "
+                               f"{', '.join(WARNING_SIGNALS)}: a checkpoint after the current step, then "
+                               "--on_warning; none: not taken")
+    add(g, "--on_warning", "after --warning_signal's checkpoint: go on, or stop (exit 128 + the signal, for the "
+                           "scheduler to requeue)", choices=("checkpoint", "stop"))
     g = p.add_argument_group("evaluation only")
     add(g, "--eval_only", "evaluate the checkpoint --resume names with the papers' protocol; no training",
         action=on_off)
@@ -237,6 +243,7 @@ def check_settings(args: argparse.Namespace) -> None:
     need(args.aug_scale < 1, "aug_scale", "below 1 (a crop scale of 1 - s must stay positive)")
     if args.eval_only and not args.resume:
         raise ConfigError("--eval_only needs --resume CHECKPOINT: the model to evaluate")
+    args.warning_signal = warning_signal_name(args.warning_signal, "--warning_signal")
 
 
 # ---- precision --------------------------------------------------------------------------------------
@@ -568,10 +575,11 @@ def session_for(argv: list[str] | None, args, plan: Plan, state: CapeTrainState,
     weights = sum(p.numel() * p.element_size() for p in state.model.parameters())
     kept = args.keep_last_checkpoints
     copies = (kept + 2) if kept > 0 else args.epochs + 2  # the kept ones, the one being written, best.pt
+    resume = restarted_resume(args.resume)
     return open_session(
-        rank, trainer="cape", fingerprint=fingerprint, resume=args.resume,
+        rank, trainer="cape", fingerprint=fingerprint, resume=resume,
         location=lambda: run_location(
-            explicit=args.output_dir, resume=args.resume, parent=Path("outputs/cape"), trainer="cape",
+            explicit=args.output_dir, resume=resume, parent=Path("outputs/cape"), trainer="cape",
             fingerprint=fingerprint, new_name=f"{args.model}-split{args.split}-{args.shots}shot-{time.strftime('%Y%m%d-%H%M%S')}"),
         resume_hint=lambda path: f"add --resume auto --output_dir {path}",
         command=lambda path: resume_command(["python", "-m", "models.train_cape_episodic"],
@@ -628,6 +636,7 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
     data = load_data(args, rank)
     total_steps = args.epochs * data.steps_per_epoch
     state, plan.decisions["backbone weights"] = build_state(args, device, rank, clock, total_steps, data.steps_per_epoch)
+    stopper.listen_for_warning(args.warning_signal, args.on_warning)
     with session_for(argv, args, plan, state, rank) as session:
         checkpointer = Checkpointer(session.run, rank, args.keep_last_checkpoints, identity(args, state, plan),
                                     lambda: {"args": vars(args)})
@@ -653,15 +662,15 @@ def train(argv: list[str] | None, rank: Dist, stopper: GracefulStop) -> int:
                     position["episode"] += args.batch_size
                     if state.window.due(state.step, total_steps):
                         log_train_point(state, metrics, data.bar)
-                    if any_rank(stopper.requested, rank):
-                        return stop_run(checkpointer, state, stopper, session, rank)
+                    if (code := after_signals(checkpointer, state, stopper, session, rank)) is not None:
+                        return code
                 position["epoch"], position["episode"] = position["epoch"] + 1, 0
                 if position["epoch"] % args.val_interval == 0 or position["epoch"] == args.epochs:
                     if validate(state, data.splits["val"], val_loader, device, args, metrics, rank):
                         checkpointer.save_best(state, state.best)
                 checkpointer.save(state)
-                if any_rank(stopper.requested, rank):
-                    return stop_run(checkpointer, state, stopper, session, rank)
+                if (code := after_signals(checkpointer, state, stopper, session, rank)) is not None:
+                    return code
             if rank.is_main and not test(state, data.splits["test"], device, args, metrics, session.path, stopper):
                 log.info("stopped by %s during the test split; the training is done (checkpoint %s); exit code %d; "
                          "resume with: %s (it runs the test)", stopper.signal_name, session.run.checkpoints()[-1],

@@ -153,11 +153,11 @@ def cape_data(tmp_path_factory):
                  image_size=64, seed=0)
 
 
-def signal_at(point: str, step: int, signal_name: str, group: bool = False) -> dict[str, str]:
+def signal_at(point: str, step: int, signal_name: str, group: bool = False, leader: bool = False) -> dict[str, str]:
     """Environment entries that make a run send itself ``signal_name`` at ``point`` of step ``step`` (to its whole
-    process group with ``group``: start such a run with ``start_new_session=True``), in an environment of
-    :func:`child_env`."""
-    return {"RUN_SIGNAL_AT": f"{point}:{step}:{signal_name}" + (":group" if group else "")}
+    process group with ``group``, to the group's leader alone with ``leader``: start such a run, or the script that
+    starts it, with ``start_new_session=True``), in an environment of :func:`child_env`."""
+    return {"RUN_SIGNAL_AT": f"{point}:{step}:{signal_name}" + (":group" if group else ":leader" if leader else "")}
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -26,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-EXTERNAL = {"pip", "apt", "apt-get", "tensorboard", "git", "hf", "bash", "cd", "export", "nvidia-smi"}
+EXTERNAL = {"pip", "apt", "apt-get", "tensorboard", "git", "hf", "bash", "cd", "export", "nvidia-smi", "sbatch"}
 CAPE_SCRIPT = "START_CAPE_TRAINING.sh"
 CAPE_MODULE = "models.train_cape_episodic"
 

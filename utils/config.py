@@ -55,6 +55,11 @@ def setting(default: Any, meaning: str) -> Any:
     return field(default=default, metadata={"help": meaning})
 
 
+# The signals a run may take as a scheduler's early warning (Slurm and SGE send SIGUSR1 or SIGUSR2, LSF SIGUSR2, PBS
+# SIGXCPU or SIGALRM by configuration); each would otherwise end the process without a checkpoint.
+WARNING_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGHUP", "SIGALRM", "SIGXCPU")
+
+
 @dataclass
 class PretrainConfig:
     """Everything ``pretrain.py`` reads. Defaults are the reference ``cfg_pretrain`` (``sapientinc/HRM`` config/)."""
@@ -137,6 +142,11 @@ class PretrainConfig:
     resume: Optional[str] = setting(
         None, "continue a run: auto (the newest matching run), a run directory (its newest valid checkpoint), "
         "or a step_<N>.pt")
+    warning_signal: Optional[str] = setting(
+        "SIGUSR1", f"a scheduler's early warning before its SIGTERM (Slurm: --signal=USR1@90), one of "
+        f"{', '.join(WARNING_SIGNALS)}: a checkpoint after the current step, then on_warning; null: not taken")
+    on_warning: str = setting("checkpoint", "after warning_signal's checkpoint: checkpoint (go on) | stop (exit 128 + "
+                                            "the signal, for the scheduler to requeue)")
     max_nonfinite_steps: int = setting(10, "stop after this many NaN/inf steps in a row")
     deterministic: bool = setting(
         False, "torch.use_deterministic_algorithms: bitwise-reproducible runs and resumes (slower); on CUDA only with "
@@ -152,7 +162,7 @@ class PretrainConfig:
 
 # Keys that only steer the run (where it writes, how it logs, whether it resumes), not what it trains:
 # left out of the settings fingerprint that identifies "the same run" (utils/run/run_dir.py).
-RUN_CONTROL_KEYS = ("resume", "checkpoint_path", "run_name", "project_name", "logger", "log_interval",
+RUN_CONTROL_KEYS = ("resume", "warning_signal", "on_warning", "checkpoint_path", "run_name", "project_name", "logger", "log_interval",
                     "keep_last_checkpoints", "max_nonfinite_steps", "device", "hardware", "compile", "build_data",
                     "eval_max_examples", "first_eval_step", "first_eval_examples", "evaluators", "eval_save_outputs",
                     "eval_halt_max_steps", "eval_early_exit", "eval_min_segments", "eval_rollouts", "eval_noise",
@@ -416,6 +426,23 @@ def check_number(key: str, value: Any, low: float, high: float, *, high_open: bo
         raise ConfigError(f"{shown} is out of range: must be a finite number in {interval}")
 
 
+def warning_signal_name(value: Optional[str], key: str) -> Optional[str]:
+    """A scheduler's early-warning signal as its full name (``USR1`` and ``sigusr1`` are ``SIGUSR1``), or None for
+    ``null``/``none``.
+
+    Raises:
+        ConfigError: a signal that is not one of :data:`WARNING_SIGNALS` (SIGINT and SIGTERM already stop a run).
+    """
+    if value is None or str(value).lower() in ("none", "null", ""):
+        return None
+    name = str(value).upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    if name not in WARNING_SIGNALS:
+        raise ConfigError(f"{key}={value!r} is out of range: use one of {', '.join(WARNING_SIGNALS)}, or null (SIGINT "
+                          "and SIGTERM already stop a run with a checkpoint)")
+    return name
+
+
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r} is out of range: {rule}")
@@ -445,6 +472,8 @@ def check_ranges(cfg: PretrainConfig) -> None:
     _require(cfg.optimizer_backend in ("auto", "native", "torch", "adamw"), "optimizer_backend", cfg.optimizer_backend,
              "use auto, native, torch or adamw")
     _require(cfg.logger in ("tensorboard", "wandb"), "logger", cfg.logger, "use tensorboard or wandb")
+    cfg.warning_signal = warning_signal_name(cfg.warning_signal, "warning_signal")
+    _require(cfg.on_warning in ("checkpoint", "stop"), "on_warning", cfg.on_warning, "use checkpoint or stop")
     _require(str(cfg.compile).lower() in ("auto", "true", "false"), "compile", cfg.compile, "use auto, true or false")
     cfg.compile = {"auto": "auto", "true": True, "false": False}[str(cfg.compile).lower()]
     _require(bool(cfg.data_path), "data_path", cfg.data_path, "must name a dataset directory")

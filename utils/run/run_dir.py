@@ -88,7 +88,8 @@ def run_outputs(directory: Path) -> list[str]:
 
 
 class RunLock:
-    """An exclusive ``flock`` on ``<dir>/run.lock`` holding the owner's process id.
+    """An exclusive ``flock`` on ``<dir>/run.lock`` holding the owner's process id and a ``mark`` of its own (random),
+    by which the other ranks of a multi-node run check that they see this very directory (:func:`check_shared`).
 
     Raises:
         RunDirError: another process holds it (named by its id), or the file cannot be created.
@@ -104,14 +105,15 @@ class RunLock:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            holder = (os.pread(self.fd, 64, 0).decode(errors="replace").split() or ["unknown"])[0]
             os.close(self.fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise RunDirError(f"cannot lock {self.path}: {e.strerror or e}") from None
             raise RunDirError(f"{directory} is in use by process {holder} ({self.path}); wait for it to finish or "
                               "stop it, or choose another directory") from None
+        self.mark = uuid.uuid4().hex
         os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(self.fd, f"{os.getpid()} {self.mark}\n".encode(), 0)
 
     def release(self, remove: bool = False) -> None:
         if self.fd is None:
@@ -142,6 +144,11 @@ class RunDirectory:
     @property
     def run_id(self) -> str:
         return self.manifest["run_id"]
+
+    @property
+    def mark(self) -> str:
+        """The mark its lock holds (:class:`RunLock`)."""
+        return self._lock.mark
 
     @classmethod
     def open(cls, path: str | os.PathLike, *, trainer: str, fingerprint: str, resuming: bool,
@@ -341,6 +348,24 @@ def find_matching_run(parent: Path, trainer: str, fingerprint: str) -> Path | No
                 and recorded_checkpoints(child):
             found.append((manifest.get("updated", 0), child))
     return max(found)[1] if found else None
+
+
+def check_shared(path: Path, mark: str, rank: int) -> None:
+    """Refuse, on rank ``rank`` of a multi-node run, a run directory ``path`` that is not the one rank 0 locked (its
+    ``run.lock`` holds another mark, or none): the ranks would resume from different steps, and rank 0's checkpoints
+    would be out of this rank's reach.
+
+    Raises:
+        RunDirError: naming the rank, the directory and the cure.
+    """
+    try:
+        seen = (path / LOCK).read_text(errors="replace").split()
+    except OSError:
+        seen = []
+    if seen[1:2] != [mark]:
+        raise RunDirError(f"rank {rank} does not see the run directory {path} that rank 0 writes (a node-local disk, or a "
+                          "relative path read from another working directory): a multi-node run's checkpoint_path "
+                          "must be an absolute path on a filesystem every node sees")
 
 
 def run_location(*, explicit: str | None, resume: str | None, parent: Path, trainer: str, fingerprint: str,

@@ -12,16 +12,17 @@ shares where it is with every rank, and on the way out:
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from utils.distributed import Dist, main_decides
+from utils.distributed import Dist, any_ranks, main_decides
 from utils.errors import RunFailure
 from utils.run.checkpointer import Checkpointer
-from utils.run.run_dir import RunDirectory, open_run
+from utils.run.run_dir import RunDirectory, check_shared, open_run
 from utils.run.stop import GracefulStop
 from utils.run.train_state import TrainState
 
@@ -39,6 +40,22 @@ class RunSession:
     resume_path: Optional[Path]
     resume_command: str
     continuing: bool
+
+
+# torchrun sets this in every worker: how many times it has restarted the worker group (--max-restarts) after a failure.
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
+def restarted_resume(resume: Optional[str]) -> Optional[str]:
+    """``resume`` as the user set it; or ``"auto"`` where it is unset in a worker group that torchrun restarted after
+    a failure (``--max-restarts N``): the restarted workers continue from the run's newest complete checkpoint, as
+    the user would with ``resume=auto``, instead of starting a new run (and never overwrite the run they continue)."""
+    restarts = int(os.environ.get(RESTART_COUNT, "0") or 0)
+    if resume is None and restarts > 0:
+        log.info("torchrun restarted the workers (restart %d, %s): continuing from the run's newest checkpoint, as "
+                 "resume=auto", restarts, RESTART_COUNT)
+        return "auto"
+    return resume
 
 
 def resume_command(prefix: list[str], argv: list[str], drop: tuple[str, ...], add: list[str]) -> str:
@@ -68,7 +85,8 @@ def open_session(rank: Dist, *, trainer: str, location: Callable[[], Path], fing
         storage: ``(bytes of one checkpoint, copies the run holds at once)`` for the pre-flight check.
 
     Raises:
-        RunDirError, CheckpointError: see :func:`utils.run.run_dir.open_run`, and too little free space.
+        RunDirError, CheckpointError: see :func:`utils.run.run_dir.open_run`, and too little free space; on a rank
+            that does not see rank 0's run directory (:func:`utils.run.run_dir.check_shared`).
     """
     run, resume_path = None, None
     if rank.is_main:
@@ -78,8 +96,11 @@ def open_session(rank: Dist, *, trainer: str, location: Callable[[], Path], fing
     try:
         if run is not None:
             run.check_storage(*storage())
-        path, resume_path, continuing = main_decides(
-            (None if run is None else run.path, resume_path, run is not None and not run.fresh), rank)
+        path, resume_path, continuing, mark = main_decides(
+            (None if run is None else run.path, resume_path, run is not None and not run.fresh,
+             None if run is None else run.mark), rank)
+        if run is None:  # every rank resumes from the checkpoints rank 0 writes: it must see them
+            check_shared(path, mark, rank.rank)
         session = RunSession(run, path, resume_path, command(path), continuing)
         try:
             yield session
@@ -96,6 +117,26 @@ def open_session(rank: Dist, *, trainer: str, location: Callable[[], Path], fing
     finally:
         if run is not None:
             run.close()
+
+
+def after_signals(checkpointer: Checkpointer, state: TrainState, stopper: GracefulStop, session: RunSession,
+                  rank: Dist) -> Optional[int]:
+    """What the signals received ask of the run after a step, agreed across ranks: the exit code of a run stopped
+    (SIGINT, SIGTERM, or an early warning with ``on_warning=stop``: checkpointed, :func:`stop_run`); or None, to go
+    on, after writing a checkpoint where an early warning came (``on_warning=checkpoint``)."""
+    stop, warned = any_ranks([stopper.requested, stopper.warned], rank)
+    if warned and stopper.on_warning == "stop":
+        stopper.signal_name = stopper.signal_name or stopper.warning_name or stopper.warning_signal
+        stop = True
+    if stop:
+        return stop_run(checkpointer, state, stopper, session, rank)
+    if warned:
+        path = checkpointer.save(state)
+        if rank.is_main:
+            log.info("early warning (%s): checkpoint %s after step %d; going on", stopper.warning_name or "on another "
+                     "rank", path, state.step)
+        stopper.warning_name = None
+    return None
 
 
 def stop_run(checkpointer: Checkpointer, state: TrainState, stopper: GracefulStop, session: RunSession, rank: Dist) -> int:

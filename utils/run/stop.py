@@ -12,6 +12,11 @@ A run stopped by a signal checkpoints, then exits with ``128 + the signal's numb
 SIGTERM), the shell's convention for "ended by a signal": a scheduler sees a non-zero code and can requeue the
 job, which continues with ``resume=auto``. A run exits 0 only when it finished its schedule.
 
+A scheduler's early warning (Slurm's ``--signal=USR1@90``: SIGUSR1 some seconds before the SIGTERM of a time
+limit or a preemption) is a signal of its own (:meth:`GracefulStop.listen_for_warning`, the trainers'
+``warning_signal``): after the current step the run writes a checkpoint and goes on, or stops as for SIGTERM
+(``on_warning``), so the SIGTERM that follows finds the latest step saved.
+
 The first step of a process can take minutes (``torch.compile`` builds its kernels then). Inside
 :meth:`GracefulStop.at_once`, a signal stops the run at once (:class:`StoppedAtOnce`), without finishing the step
 or writing a checkpoint: nothing was trained since the last one. The handler raises wherever the main thread is;
@@ -34,6 +39,7 @@ from tqdm import tqdm
 
 
 REDELIVER_S = 0.5  # seconds between raises of an at-once stop that Python dropped
+ON_WARNING = ("checkpoint", "stop")  # what an early warning does after the current step
 FIRST_STEP = "the first step (compiling)"  # the at-once phase of every run
 
 
@@ -61,6 +67,9 @@ class GracefulStop:
 
     def __init__(self):
         self.signal_name: Optional[str] = None
+        self.warning_name: Optional[str] = None  # an early warning received since the last checkpoint
+        self.warning_signal: Optional[str] = None  # the signal taken as one (listen_for_warning)
+        self.on_warning = "checkpoint"
         self._previous: dict = {}
         self._at_once = False
         self._during = FIRST_STEP
@@ -95,6 +104,26 @@ class GracefulStop:
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
+
+    def listen_for_warning(self, name: Optional[str], then: str = "checkpoint") -> None:
+        """Take signal ``name`` (e.g. ``"SIGUSR1"``; None: none) as a scheduler's early warning from now on: the loop
+        sees :attr:`warned`, writes a checkpoint, and goes on (``then="checkpoint"``) or stops (``"stop"``). Its
+        previous handler comes back on exit. A run inside a thread leaves the process's handlers alone."""
+        self.on_warning, self.warning_signal = then, name
+        if name is None or threading.current_thread() is not threading.main_thread():
+            return
+        signum = signal.Signals[name]
+        self._previous.setdefault(signum, signal.signal(signum, self._warn))
+
+    @property
+    def warned(self) -> bool:
+        return self.warning_name is not None
+
+    def _warn(self, signum, _frame) -> None:
+        self.warning_name = signal.Signals(signum).name
+        then = "going on" if self.on_warning == "checkpoint" else "stopping"
+        tqdm.write(f"{self.warning_name} received (a scheduler's early warning): checkpointing after this step, then "
+                   f"{then}")
 
     def __exit__(self, *exc) -> None:
         # A repeat must not outlive this handler: its interrupt would run the handler put back below (Python's own

@@ -40,7 +40,7 @@ from utils.data.builders import build_dataset
 from utils.data.puzzle_dataset import DatasetError, PuzzleDataset, PuzzleDatasetMetadata, check_compatible
 from utils.data.saved_outputs import OutputsCollector
 from utils.device import compile_decision, configure_backends, memory_available, select_dtype
-from utils.distributed import Dist, any_rank, main_decides
+from utils.distributed import Dist, main_decides
 from utils.eval.arc import ARC
 from utils.eval.puzzle import evaluate_puzzles, reduce_metrics
 from utils.eval.reasoning import SETTING_NAMES, TestTimeCompute, view_grid_side
@@ -55,7 +55,7 @@ from utils.run.metrics import MetricsWindow, MetricsWriter
 from utils.run.plan import Decision, Plan, layered_settings
 from utils.run.run_dir import PLAN, run_location, settings_fingerprint
 from utils.run.schedule import LRSchedule
-from utils.run.session import RunSession, open_session, resume_command, stop_run
+from utils.run.session import RunSession, after_signals, open_session, restarted_resume, resume_command
 from utils.run.stop import GracefulStop
 from utils.run.train_state import Clock, Optimizers, RNGStates, TrainState, Value
 from utils.train.command_line import build_parser
@@ -606,13 +606,14 @@ def session_for(launch: Launch, setup: Setup, data: PuzzleData, rank: Dist):
     ``checkpoints/<project>/<run_name or arch-time>``."""
     cfg = setup.cfg
     fingerprint = settings_fingerprint(setup.plan.settings, RUN_CONTROL_KEYS)
+    resume = restarted_resume(cfg.resume)
     kept = cfg.keep_last_checkpoints
     copies = (min(kept, data.total_iters) + 1) if kept > 0 else data.total_iters + 1
     checkpoint_bytes = check_memory(setup, data.train.metadata)
     return open_session(
-        rank, trainer="pretrain", fingerprint=fingerprint, resume=cfg.resume,
+        rank, trainer="pretrain", fingerprint=fingerprint, resume=resume,
         location=lambda: run_location(
-            explicit=cfg.checkpoint_path, resume=cfg.resume, parent=default_run_parent(cfg), trainer="pretrain",
+            explicit=cfg.checkpoint_path, resume=resume, parent=default_run_parent(cfg), trainer="pretrain",
             fingerprint=fingerprint, new_name=cfg.run_name or f"{setup.arch['name']}-{time.strftime('%Y%m%d-%H%M%S')}",
             named=bool(cfg.run_name)),
         resume_hint=lambda path: f"rerun with resume=auto checkpoint_path={path}" if cfg.checkpoint_path
@@ -682,6 +683,7 @@ def train(launch: Launch, rank: Dist, stopper: GracefulStop) -> int:
     # A data build has no step to finish: a stop ends it at once (its workers with it; nothing half-built is published).
     with stopper.at_once(during="the data preparation (a dataset is published only once built whole)"):
         data = load_data(setup, rank)
+    stopper.listen_for_warning(cfg.warning_signal, cfg.on_warning)
     with session_for(launch, setup, data, rank) as session:
         state = build_state(setup, data, rank, clock, None if session.resume_path else cfg.load_checkpoint)
         checkpointer = Checkpointer(session.run, rank, cfg.keep_last_checkpoints, identity(setup),
@@ -710,8 +712,8 @@ def train(launch: Launch, rank: Dist, stopper: GracefulStop) -> int:
                         log_train_point(state, cfg, rank, metrics, bar)
                     if state.step == cfg.first_eval_step:
                         first_look(state, data, cfg, device, rank, metrics, pace, iteration)
-                    if any_rank(stopper.requested, rank):
-                        return stop_run(checkpointer, state, stopper, session, rank)
+                    if (code := after_signals(checkpointer, state, stopper, session, rank)) is not None:
+                        return code
                 evaluated, improved = evaluates_after(iteration, cfg), False
                 if evaluated:
                     results = evaluate(state, data, cfg, device, rank, session.path, metrics)
@@ -721,8 +723,8 @@ def train(launch: Launch, rank: Dist, stopper: GracefulStop) -> int:
                     checkpointer.save(state)
                 if improved:
                     checkpointer.save_best(state, state.best)
-                if any_rank(stopper.requested, rank):
-                    return stop_run(checkpointer, state, stopper, session, rank)
+                if (code := after_signals(checkpointer, state, stopper, session, rank)) is not None:
+                    return code
     if rank.is_main:
         log.info("done: %d steps; checkpoints and metrics.jsonl in %s", state.step, session.path)
     return 0
