@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import solve
@@ -199,3 +200,41 @@ def test_a_missing_best_checkpoint_names_the_newest_one_beside_it(tmp_path):
         check_checkpoint_file(tmp_path / "best.pt")
     with pytest.raises(CheckpointError, match=r"does not exist$"):
         check_checkpoint_file(tmp_path / "nowhere" / "best.pt")
+
+
+def test_fixed_compute_writes_bad_lines_at_once_and_batches_one_size(tmp_path, monkeypatch):
+    """--budget 0: a bad line with no puzzle waiting is written at once (a 100,000-line file of them stays flat and
+    fast: the batch once recounted every line it held, quadratic); a batch holds puzzles of one size."""
+    from types import SimpleNamespace
+
+    from utils.data.user_puzzles import FileEntry
+    from utils.solve import file_solving
+    from utils.solve.answers_file import AnswersFile
+
+    answered = []
+
+    def fake_answer(trained, task, puzzles, ttc, device):
+        answered.append([tokens.size for _, tokens in puzzles])
+        return [SimpleNamespace(grid=tokens, consistent=True, problems=[]) for _, tokens in puzzles]
+
+    monkeypatch.setattr(file_solving, "answer", fake_answer)
+    monkeypatch.setattr(file_solving, "_row", lambda task, entry, field, *args: {"line": entry.line, "puzzle": field,
+                                                                               "verdict": "consistent"})
+    answers = AnswersFile(tmp_path, {"task": "maze"})
+    trained = SimpleNamespace(cfg=SimpleNamespace(arch={"halt_max_steps": 2}))
+    batch = file_solving._FixedBatch(answers, trained, "maze", SimpleNamespace(passes=lambda h: 2), None, "fp32",
+                                     "fixed", None)
+    batch.size = 8
+    line = iter(range(1, 10**6))
+    puzzle = lambda side: FileEntry(next(line), "m", np.ones(side * side, np.uint8))  # noqa: E731
+    bad = lambda: FileEntry(next(line), "x", None, "not a maze")  # noqa: E731
+    for _ in range(5000):
+        batch.add(bad(), "x", None)
+    assert batch.pending == []  # written at once: nothing held
+    for entry in (puzzle(5), puzzle(5), bad(), puzzle(7), puzzle(7)):
+        batch.add(entry, "m", 1)
+    batch.flush()
+    answers.close()
+    assert answered == [[25, 25], [49, 49]]
+    lines = [int(row["line"]) for row in rows(tmp_path)]
+    assert lines == list(range(1, 5006))  # the file's order

@@ -116,15 +116,18 @@ class _FixedBatch:
     def __init__(self, answers: AnswersFile, trained, task: str, ttc, device, precision: str, how: str, shown):
         self.answers, self.trained, self.task, self.ttc, self.device = answers, trained, task, ttc, device
         self.precision, self.how, self.shown = precision, how, shown
-        self.pending: list[tuple[FileEntry, str, Optional[int]]] = []
-        self.size, self.seconds_each = 1, None
+        self.pending: list[tuple[FileEntry, str, Optional[int]]] = []  # the first a puzzle, where any is pending
+        self.puzzles, self.size = 0, 1  # puzzles pending; the batch's size
 
     def add(self, entry: FileEntry, field: str, solutions: Optional[int]) -> None:
-        good = [e for e, _, _ in self.pending if e.error is None]
-        if entry.error is None and any(e.tokens.size != entry.tokens.size for e in good):
+        if entry.error is not None and not self.puzzles:  # nothing before it waits: its row goes out now
+            _write(self.answers, _bad_row(entry, field))
+            return
+        if entry.error is None and self.puzzles and self.pending[0][0].tokens.size != entry.tokens.size:
             self.flush()  # one size a batch
         self.pending.append((entry, field, solutions))
-        if sum(e.error is None for e, _, _ in self.pending) >= self.size:
+        self.puzzles += entry.error is None
+        if self.puzzles >= self.size:
             self.flush()
 
     def flush(self) -> None:
@@ -143,6 +146,7 @@ class _FixedBatch:
                 _write(self.answers, _row(self.task, entry, field, solutions, one, "", self.how, self.precision,
                                           passes, seconds), self.shown, one, entry)
         self.pending.clear()
+        self.puzzles = 0
         if good:
             self.size = max(1, min(FIXED_BATCH, int(FIXED_BATCH_S / max(seconds, 1e-6))))
 
