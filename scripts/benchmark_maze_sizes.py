@@ -209,7 +209,7 @@ def run(argv: Optional[list[str]]) -> int:
                         help="the built sets' seed (default: %(default)s)")
     parser.add_argument("--device", default="auto", help="auto, cpu, mps, cuda or cuda:N (default: auto)")
     parser.add_argument("--forward-dtype", default="auto", help="auto, bfloat16 or float32 (default: auto)")
-    parser.add_argument("--json", help="also write the rows here")
+    parser.add_argument("--json", metavar="JSON", help="also write the rows into this JSON file")
     parser.add_argument("--picture", help="also draw accuracy against side into this PNG")
     args = parser.parse_args(argv)
     try:

@@ -81,7 +81,7 @@ def own_compute(bundled) -> TestTimeCompute:
 
 def never(monkeypatch):
     """No answer obeys the rules, for this test."""
-    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+    monkeypatch.setitem(reasoning.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
 
 
 def test_round_0_is_the_models_own_answer_and_a_consistent_one_ends_the_solve(bundled, each_round):
@@ -158,7 +158,7 @@ def test_the_first_answer_that_obeys_the_rules_wins(bundled, each_round, monkeyp
     tokens = parse_sudoku(ESCARGOT, "escargot")
     first = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 0.001, own_compute(bundled), CPU,
                                   clock=FakeClock(1.0)).answer.grid  # round 0's first segment alone
-    monkeypatch.setitem(solving.RULES, "sudoku",
+    monkeypatch.setitem(reasoning.RULES, "sudoku",
                         lambda answer, puzzle: [] if not np.array_equal(answer, first) else ["round 0's answer"])
     each_round.clear()
     solved = anytime.solve_anytime(bundled, "sudoku", "e", tokens, 1e6, own_compute(bundled), CPU,
@@ -280,7 +280,7 @@ def test_evaluate_py_max_examples_answers_that_many_not_a_training_batch(sudoku_
 
 
 def test_the_page_solves_under_a_budget_shows_its_progress_and_stops_with_its_best(shipped, monkeypatch):  # noqa: F811
-    monkeypatch.setitem(solving.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
+    monkeypatch.setitem(reasoning.RULES, "sudoku", lambda answer, puzzle: ["never, in this test"])
     models = call(shipped, "GET", "/api/models")[1]["models"]
     assert models[0]["compute"]["budget"] == 0  # this page was started without one: fixed compute by default
     replies, progress = [], "/api/progress?solve=a-budgeted-solve"

@@ -15,7 +15,7 @@ import torch
 import pretrain
 from tests.conftest import child_env, signal_at
 from tests.test_resume import TINY, assert_same_training_state
-from utils.train import puzzle_trainer
+from utils.run import session
 from utils.checkpoint import safe_load
 from utils.run.run_dir import RunDirError, RunLock
 
@@ -115,16 +115,16 @@ def test_metrics_after_a_stop_and_resume_equal_the_uninterrupted_runs(sudoku_dir
     included."""
     calls = {"n": 0}
 
-    def any_rank(flag, rank):
+    def any_ranks(flags, rank):  # [a stop asked, an early warning], as every rank agrees after a step
         calls["n"] += 1
-        return calls["n"] == stop_at_call
+        return [calls["n"] == stop_at_call, False]
 
     run = tmp_path / "run"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the uninterrupted run in its child process, for bitwise equal sums
     request.addfinalizer(lambda: torch.set_num_threads(threads))
     with monkeypatch.context() as m:
-        m.setattr(puzzle_trainer, "any_rank", any_rank)
+        m.setattr(session, "any_ranks", any_ranks)
         assert pretrain.main(argv(sudoku_dir, run)) == 128 + signal.SIGTERM
     assert safe_load(sorted(run.glob("step_*.pt"))[-1])["step"] == (4 if stop_at_call == 4 else 16)
     assert pretrain.main(argv(sudoku_dir, run, "resume=auto")) == 0

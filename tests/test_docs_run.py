@@ -142,7 +142,8 @@ CANNOT = [
 
 def cannot(words: list[str], copy: Optional[Path] = None) -> Optional[Cannot]:
     """The :data:`CANNOT` entry a command's words match, or what it needs that a command above it could not make in
-    ``copy`` (:func:`missing_input`); None: it runs here."""
+    ``copy`` (:func:`missing_input`); None: it runs here. ``VAR=value`` prefixes are not the program."""
+    words = split_env(words)[1]
     found = next((c for c in CANNOT if c.matches(words)), None)
     return found if found is not None or copy is None else missing_input(words, copy)
 
