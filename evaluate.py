@@ -14,7 +14,7 @@ as much test-time compute as asked (utils/eval/reasoning.py: segments, early exi
 ``--outputs`` scores the reference's saved outputs files without a model.
 """
 
-import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
+import utils  # noqa: F401  (sets the MPS fallback and the OpenMP wait before torch is imported)
 
 import argparse
 import json

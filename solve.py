@@ -21,7 +21,7 @@ never replaced. Test-time compute over the model's budget (segments x rollouts x
 answers kept in memory: utils/solve/solving.py) is one line and exit 2, before any work; Ctrl-C exits 130.
 """
 
-import utils  # noqa: F401  (sets PYTORCH_ENABLE_MPS_FALLBACK before torch is imported)
+import utils  # noqa: F401  (sets the MPS fallback and the OpenMP wait before torch is imported)
 
 import argparse
 import logging

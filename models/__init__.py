@@ -13,6 +13,9 @@ import dataclasses
 import importlib
 from typing import Any
 
+# utils before torch: `python -m models.train_cape_episodic` enters here, and the MPS fallback and OpenMP's wait
+# (utils/__init__.py) must be set before torch loads
+import utils  # noqa: F401
 import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import utils  # noqa: F401  (sets the MPS fallback env before torch loads)
+import utils  # noqa: F401  (sets the MPS fallback and the OpenMP wait before torch loads)
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader

@@ -8,8 +8,10 @@ Policies (how a process sets its OpenMP threads before torch starts):
   default   torch's own: as many threads as cores, OpenMP's default wait (threads spin a while before they sleep)
   one       OMP_NUM_THREADS=1
   passive   as many threads as cores, OMP_WAIT_POLICY=PASSIVE (an idle thread sleeps at once, never spins)
-  free      OMP_WAIT_POLICY=PASSIVE and as many threads as cores are free at start (/proc/stat sampled for 0.3 s)
-  project   what the project's commands do (utils/threads.py): the policy adopted from this table
+  spin      as many threads as cores, GOMP_SPINCOUNT=3000 (an idle thread spins about 30 us, then sleeps)
+  free      as many threads as cores are free at start (/proc/loadavg's runnable count), OpenMP's default wait
+  project   what the project's commands do (utils/threads.py): free's threads and spin's wait, the policy adopted
+            from this table
 
 Conditions (what else runs on the machine while it is measured):
   alone     nothing
@@ -18,7 +20,7 @@ Conditions (what else runs on the machine while it is measured):
 
 The workloads: **solving**, the bundled Sudoku model answering 16 trajectories of a hard puzzle side by side, segment
 after segment (anytime solving's rounds), counted in segment passes a second; **training**, the TRM quickstart's
-model (cfg_pretrain_trm_cpu: TRM-MLP, 0.5M parameters, batch 256, eager) on 81-cell Sudoku batches, counted in
+model (cfg_pretrain_trm_cpu: TRM-MLP, 0.5M parameters, batch 64, eager) on 81-cell Sudoku batches, counted in
 optimizer steps a second. Each runs ``--seconds`` after a warm-up; the table gives each rate and its share of the
 same policy's rate alone. The CPU, its GEMM rate and the precision head the table.
 """
@@ -39,7 +41,7 @@ sys.path.insert(0, str(ROOT))  # run as a script: make the repo root importable
 
 from utils.cli import ArgumentParser, positive_int  # noqa: E402
 
-POLICIES = ("default", "one", "passive", "free", "project")
+POLICIES = ("default", "one", "passive", "spin", "free", "project")
 CONDITIONS = ("alone", "one", "two", "solve")
 HARD = "4.....8.5.3..........7......2.....6.....8.4......1.......6.3.7.5..2.....1.4......"  # Norvig's "hardest" #1
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
@@ -47,12 +49,17 @@ SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() 
 
 def policy_env(policy: str) -> dict[str, str]:
     """The environment a measured process starts with under ``policy`` (the project's own is chosen inside it)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "HRM_THREADS")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "HRM_THREADS")}
     if policy == "one":
         env["OMP_NUM_THREADS"] = "1"
-    elif policy in ("passive", "free"):
+    elif policy == "passive":
         env["OMP_WAIT_POLICY"] = "PASSIVE"
-    if policy == "free":
+    elif policy == "spin":
+        from utils.threads import SPIN_COUNT
+
+        env["GOMP_SPINCOUNT"] = SPIN_COUNT
+    elif policy == "free":
         env["BENCH_FREE_CORES"] = "1"
     if policy != "project":
         env["HRM_THREADS"] = "keep"  # the project's policy stays out of the way of the one measured
@@ -67,7 +74,8 @@ if os.environ.get("BENCH_FREE_CORES"):
     os.environ["OMP_NUM_THREADS"] = str(max(1, round(free_cores())))
 import utils  # noqa: F401  (the project's thread policy, where the policy is "project")
 import torch
-from utils.threads import thread_note
+from utils.threads import choose_threads, thread_note
+choose_threads()  # as every command does where it picks its device
 kind, seconds = {kind!r}, {seconds}
 if kind == "solve":
     from utils.solve.solving import open_model
@@ -91,26 +99,24 @@ else:
     from models import build_model, validate_arch
     from utils.config import recipe_config
     cfg = recipe_config("cfg_pretrain_trm_cpu", [])
-    head = build_model(validate_arch(cfg.arch), batch_size=256, seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
+    head = build_model(validate_arch(cfg.arch), batch_size=64, seq_len=81, vocab_size=11, num_puzzle_identifiers=1,
                        dtype=torch.bfloat16, device="cpu")
     optimizer = torch.optim.AdamW(head.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
-    batch = {{"inputs": torch.randint(1, 11, (256, 81), generator=generator, dtype=torch.int32),
-              "labels": torch.randint(1, 11, (256, 81), generator=generator),
-              "puzzle_identifiers": torch.zeros(256, dtype=torch.int32)}}
+    batch = {{"inputs": torch.randint(1, 11, (64, 81), generator=generator, dtype=torch.int32),
+              "labels": torch.randint(1, 11, (64, 81), generator=generator),
+              "puzzle_identifiers": torch.zeros(64, dtype=torch.int32)}}
     carry = head.initial_carry(batch)
-    steps, start = 0, None
-    while True:
+    for step in range(-3, 10**9):  # three warm-up steps, then the timed ones
+        if step == 0:
+            start = time.perf_counter()
+        elif step > 0 and time.perf_counter() - start > seconds:
+            break
         carry, loss, *_ = head(carry, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        steps += 1
-        if steps == 3:
-            start, steps = time.perf_counter(), 0
-        elif start is not None and time.perf_counter() - start > seconds:
-            break
-    rate = steps / (time.perf_counter() - start)
+    rate = step / (time.perf_counter() - start)
 print(json.dumps({{"rate": rate, "threads": torch.get_num_threads(), "note": thread_note()}}))
 '''
 
@@ -158,7 +164,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policies", default=",".join(POLICIES), help="of %(default)s")
     parser.add_argument("--conditions", default=",".join(CONDITIONS), help="of %(default)s")
-    parser.add_argument("--workloads", default="solve,train", help="solve, train or both (default)")
+    parser.add_argument("--workloads", default="solve,train", help="of solve,train (default: both)")
     parser.add_argument("--seconds", type=positive_int, default=8, help="seconds each measurement (default 8)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
@@ -181,7 +187,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         for policy in policies:
             found = {condition: measure(kind, policy, condition, args.seconds) for condition in conditions}
             alone = found.get("alone", {}).get("rate")
-            cells = [f"{r['rate']:.1f}" + (f" ({r['rate'] / alone:.0%})" if alone and c != "alone" else "")
+            cells = [f"{r['rate']:.3g}" + (f" ({r['rate'] / alone:.0%})" if alone and c != "alone" else "")
                      for c, r in found.items()]
             threads = "/".join(sorted({str(r["threads"]) for r in found.values()}))
             print(f"| {policy} | {threads} | " + " | ".join(cells) + " |", flush=True)

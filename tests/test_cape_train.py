@@ -2,6 +2,7 @@
 lifecycle (stop, resume bitwise, torchrun), and --eval_only with the papers' protocol end to end."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -136,6 +137,7 @@ def test_settings_layers_defaults_profile_recipe_command_line():
     args, plan, _ = trainer.resolve_settings(["--device", "cpu", "--hardware", "gpu_16gb"], Dist())
     assert (args.batch_size, args.accumulation_steps) == (16, 2)  # the profile fills what nothing else set
     assert plan.sources["accumulation_steps"] == "hardware profile gpu_16gb"
+    assert re.fullmatch(r"\d+ threads?", plan.decisions["threads"].value) and plan.decisions["threads"].reason
     args, plan, _ = trainer.resolve_settings(["--device", "cpu", "--hardware", "gpu_16gb", "--recipe", "capeformer"],
                                              Dist())
     assert (args.optimizer, args.lr, args.lr_schedule, args.lr_steps, args.epochs) == ("adam", 1e-5, "step", [160, 180], 200)

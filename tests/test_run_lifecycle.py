@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -253,6 +254,7 @@ def test_settings_merge_defaults_profile_recipe_command_line(caplog):
     assert "settings from command line: global_batch_size=8" in caplog.text
     assert "settings from config/cfg_pretrain_apple_silicon.yaml:" in caplog.text and "lr=7e-05" in caplog.text
     assert "torch.compile: " in caplog.text and "precision: " in caplog.text
+    assert re.search(r"threads: \d+ threads? \(.+\)", caplog.text)  # how many, and why (utils/threads.py)
 
 
 def test_plan_is_written_to_the_run_directory(sudoku_dir, tmp_path):

@@ -1,14 +1,18 @@
 """Shared utilities: device and precision policy, configs, checkpoints, optimizers, data.
 
-MPS falls back to the CPU for operators it lacks only when this variable is set
-before torch is imported, so it is set here: every entry point imports ``utils``
-before it touches torch.
+MPS falls back to the CPU for operators it lacks only when ``PYTORCH_ENABLE_MPS_FALLBACK`` is set before torch is
+imported, and OpenMP reads how its idle threads wait (utils/threads.py) as torch loads it, so both are set here:
+every entry point imports ``utils`` before it touches torch.
 """
 
 import logging
 import os
 
 os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+
+from utils.threads import set_wait_policy  # noqa: E402  (OpenMP reads its wait policy as torch starts)
+
+set_wait_policy()
 
 
 def _not_the_cuda_home_note(record: logging.LogRecord) -> bool:

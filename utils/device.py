@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from utils.errors import UserError
+from utils.threads import choose_threads, thread_note
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,12 @@ class DeviceError(UserError):
 
 @dataclass(frozen=True)
 class DeviceChoice:
-    """The device training will run on, and why it was chosen (a human-readable sentence)."""
+    """The device a command runs on and why it was chosen (a human-readable sentence), and torch's CPU threads with
+    their reason (``N threads: why``, :func:`utils.threads.thread_note`)."""
 
     device: torch.device
     reason: str
+    threads: str = ""
 
 
 def is_apple_silicon() -> bool:
@@ -67,15 +70,24 @@ def mps_unavailable_reason() -> str | None:
     return "macOS is older than 12.3 or the GPU is not supported"
 
 
-def select_device(requested: str | None = "auto") -> DeviceChoice:
-    """Pick the training device: ``cuda``, then ``mps``, then ``cpu``; an explicit request wins.
+def select_device(requested: str | None = "auto", deterministic: bool = False) -> DeviceChoice:
+    """Pick the device: ``cuda``, then ``mps``, then ``cpu``; an explicit request wins. Torch's CPU threads are
+    chosen here too, once a process (:func:`utils.threads.choose_threads`: the free cores at start).
 
     Args:
         requested: ``"auto"``/None, or ``"cpu"``, ``"mps"``, ``"cuda"``, ``"cuda:N"``.
+        deterministic: a bitwise-reproducible run: torch's default threads whatever the load.
 
     Raises:
         DeviceError: the string is malformed, or names a device this machine does not have.
     """
+    choice = _pick_device(requested)
+    choose_threads(deterministic)
+    return DeviceChoice(choice.device, choice.reason, thread_note())
+
+
+def _pick_device(requested: str | None) -> DeviceChoice:
+    """:func:`select_device`'s device and its reason (same arguments and errors)."""
     req = (requested or "auto").strip().lower()
     if not _DEVICE_RE.match(req):
         raise DeviceError(f"device={requested!r} is not a device: use auto, cpu, mps, cuda or cuda:N")
@@ -322,5 +334,6 @@ def describe(device: torch.device) -> str:
                 f"cuDNN {torch.backends.cudnn.version()}")
     if device.type == "mps":
         return f"Apple Silicon GPU (MPS), macOS {platform.mac_ver()[0]}"
-    return f"CPU {cpu_name()}, {torch.get_num_threads()} threads"
+    threads = torch.get_num_threads()
+    return f"CPU {cpu_name()}, {threads} thread{'s' * (threads != 1)}"
 

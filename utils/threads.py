@@ -1,19 +1,22 @@
-"""How many threads a command's torch uses on a CPU, and how they wait: chosen once, by measurement
+"""How many threads a command's torch uses on a CPU, and how long they spin: chosen once, by measurement
 (docs/results.md, "Threads on a busy machine"; ``python scripts/benchmark_threads.py``).
 
-On a CPU that other processes share, OpenMP threads that spin while they wait for work take the cores the others
-need, and a step then waits for a thread that is not running: a 2-core VM beside one busy process ran a segment about
-20x slower with 2 spinning threads than with 1 (issue 73). So:
+On a CPU that other processes share, a step with more threads than free cores waits at every barrier for a thread
+that is not running, and OpenMP threads that spin while they wait take the cores the others need: a 2-core VM beside
+one busy process ran a segment about 20x slower with 2 threads than with 1 (issue 73). So:
 
-- **waiting**: idle OpenMP threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``). The OpenMP runtime reads this when it
-  starts, with torch's first import, so :func:`set_wait_policy` runs as ``utils`` is imported, before any command
-  imports torch;
-- **threads**: as many as the cores that are free when the command starts (:func:`free_cores`: the cores less the
-  other processes runnable then), at least 1 (:func:`choose_threads`, called where the device is chosen).
+- **threads**: as many as the cores that are free when the command starts (:func:`choose_threads`: the cores less
+  the other processes runnable then, at least 1), called where the device is chosen (:func:`utils.device.select_device`);
+- **waiting**: idle OpenMP threads spin for about 30 us, then sleep (libgomp's ``GOMP_SPINCOUNT=3000``, against its
+  default 300,000, about 3 ms). Measured on a 2-core AVX512-BF16 EPYC: as fast as the default alone (128 against
+  127-137 solving passes a second), where ``OMP_WAIT_POLICY=PASSIVE`` lost a third (84-102); beside a busy process
+  the thread choice does the work. The runtime reads it as it loads, with torch's first import, so
+  :func:`set_wait_policy` runs as ``utils`` is imported, before any command imports torch. Other OpenMP runtimes
+  (macOS's libomp) keep their own wait, which was not measured.
 
-A user's own ``OMP_NUM_THREADS`` or ``OMP_WAIT_POLICY`` is kept, and so is a ``torch.set_num_threads`` made before the
-choice; the device line says which (:func:`thread_note`). ``HRM_THREADS=keep`` leaves torch's own defaults (the
-benchmark measures them so).
+A user's own ``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is kept, and so is a
+``torch.set_num_threads`` made before the choice; the device line says which (:func:`thread_note`).
+``HRM_THREADS=keep`` leaves torch's and OpenMP's own defaults (the benchmark measures them so).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from typing import Optional
 
 KEEP = "keep"  # HRM_THREADS=keep: torch's own threads and OpenMP's own wait
+SPIN_COUNT = "3000"  # libgomp's spins before a waiting thread sleeps: about 30 us at its 100 spins a us
 _note: Optional[str] = None
 _chosen: Optional[int] = None
 
@@ -32,10 +36,21 @@ def _kept() -> bool:
 
 
 def set_wait_policy() -> None:
-    """Make idle OpenMP threads sleep (``OMP_WAIT_POLICY=PASSIVE``) unless the user set a policy, or
-    ``HRM_THREADS=keep``; call it before torch is imported (``utils/__init__.py`` does)."""
-    if not _kept():
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    """Make idle OpenMP threads sleep after a short spin (``GOMP_SPINCOUNT``, :data:`SPIN_COUNT`) unless the user set
+    a wait (``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``), or ``HRM_THREADS=keep``; call it before torch is imported
+    (``utils/__init__.py`` does)."""
+    if not _kept() and "OMP_WAIT_POLICY" not in os.environ:
+        os.environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
+
+
+def _waiting() -> str:
+    """How idle OpenMP threads wait in this process, for :func:`thread_note`."""
+    policy, spins = os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")
+    if policy is not None:
+        return f"OMP_WAIT_POLICY={policy} (yours, kept)"
+    if spins == SPIN_COUNT and not _kept():
+        return f"idle threads spin about 30 us, then sleep: GOMP_SPINCOUNT={spins}"
+    return f"GOMP_SPINCOUNT={spins} (yours, kept)" if spins is not None else "OpenMP's own wait"
 
 
 def runnable_others(samples: int = 3, pause_s: float = 0.01) -> float:
@@ -60,30 +75,47 @@ def free_cores() -> float:
     return max(1.0, (os.cpu_count() or 1) - runnable_others())
 
 
-def choose_threads() -> int:
+def physical_cores() -> int:
+    """The CPU's cores without their hyperthread siblings (distinct ``physical id``/``core id`` pairs of
+    /proc/cpuinfo), where torch's default number of threads comes from; ``os.cpu_count()`` where that is unknown."""
+    from utils.device import cpuinfo
+
+    pairs, physical = set(), "0"
+    for line in cpuinfo().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            physical = value.strip()
+        elif key.strip() == "core id":
+            pairs.add((physical, value.strip()))
+    return len(pairs) or os.cpu_count() or 1
+
+
+def choose_threads(deterministic: bool = False) -> int:
     """Set torch's threads for this process, once (a later call returns the first choice): the user's own where set
-    (``OMP_NUM_THREADS``, or a ``torch.set_num_threads`` made before this), else the free cores at start. The reason
-    is :func:`thread_note`."""
+    (``OMP_NUM_THREADS``, or a ``torch.set_num_threads`` made before this), else the free cores at start; with
+    ``deterministic``, torch's default whatever the load, since a sum's bits depend on how many threads share it
+    and a resumed run must compute as the first one did. The reason is :func:`thread_note`."""
     global _note, _chosen
     import torch
 
     if _chosen is not None:
         return torch.get_num_threads()
-    cores = os.cpu_count() or 1
-    wait = os.environ.get("OMP_WAIT_POLICY")
-    waiting = "idle threads sleep (OMP_WAIT_POLICY=PASSIVE)" if wait == "PASSIVE" else \
-        f"OpenMP's {'default' if wait is None else wait} wait"
-    if "OMP_NUM_THREADS" in os.environ:
-        _note = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} (yours, kept); {waiting}"
+    cores, waiting = os.cpu_count() or 1, _waiting()
+    torch_default = torch.get_num_threads() in (cores, physical_cores())
+    if "OMP_NUM_THREADS" in os.environ:  # torchrun sets 1 for each of several processes
+        _note = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} from the environment (kept); {waiting}"
     elif _kept():
         _note = f"torch's default (HRM_THREADS=keep); {waiting}"
-    elif torch.get_num_threads() != cores:
+    elif not torch_default:
         _note = f"set by torch.set_num_threads before this command chose (kept); {waiting}"
+    elif deterministic:
+        _note = f"torch's default whatever the load (deterministic: a resume computes as the run did); {waiting}"
     else:
         others = runnable_others()
-        threads = max(1, min(cores, round(cores - others)))
+        threads = max(1, min(torch.get_num_threads(), round(cores - others)))
         torch.set_num_threads(threads)
-        _note = (f"the free cores at start ({others:.0f} other process(es) runnable on {cores} cores); {waiting}")
+        _note = (f"the machine is busy, {others:.0f} other process(es) runnable on {cores} cores: a thread a free "
+                 f"core, so none waits for one; {waiting}" if others >= 0.5 else f"every core is free; {waiting}")
     _chosen = torch.get_num_threads()
     return _chosen
 

@@ -90,8 +90,11 @@ def layered_settings(base: list[Layer], top: list[Layer], rank: Dist, device_set
         ConfigError, DeviceError: a bad setting or device, in one line.
     """
     prelim, _ = merge_layers(base + top)
-    choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else device_setting(prelim))
-    decisions = {"device": Decision(f"{choice.device} - {describe(choice.device)}", choice.reason)}
+    choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else device_setting(prelim),
+                           deterministic=bool(prelim.get("deterministic") or prelim.get("cudnn_deterministic")))
+    threads, _, why = choice.threads.partition(": ")
+    decisions = {"device": Decision(f"{choice.device} - {describe(choice.device)}", choice.reason),
+                 "threads": Decision(threads, why)}
     found = profile(prelim, choice.device)
     middle = []
     if found is not None:

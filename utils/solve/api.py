@@ -80,7 +80,9 @@ class Solver:
     """Solve Sudoku and mazes from Python (module docstring). Models load on first use, one a task.
 
     One puzzle at a time: threads that share a Solver take turns (a solve sets state on its model, the
-    search's latent noise), and a puzzle's budget starts when its turn comes.
+    search's latent noise), and a puzzle's budget starts when its turn comes. ``device``, ``dtype`` with
+    ``dtype_reason``, and ``threads`` (``"N threads: why"``, chosen once a process by utils/threads.py) say how it
+    solves.
 
     Args:
         checkpoint: a Sudoku or maze checkpoint (a file, a run directory, ``hf://owner/repo``) used for its task;
@@ -100,7 +102,8 @@ class Solver:
     def __init__(self, checkpoint: Optional[str] = None, device: str = "auto", dtype: str = "auto", seed: int = 0):
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise TestTimeComputeError(f"seed={seed!r}: give an int in 0..{MAX_SEED}")
-        self.device = select_device(device).device
+        choice = select_device(device)
+        self.device, self.threads = choice.device, choice.threads  # threads: "N threads: why" (utils/threads.py)
         self.dtype, self.dtype_reason = solving_dtype(self.device, dtype)
         self.checkpoint, self.seed = checkpoint, seed
         self._models: dict[tuple[str, int], Trained] = {}

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import torch
 
+from utils.threads import thread_note
+
 from utils.device import bf16_support, cpu_bf16_features, select_dtype
 
 
@@ -46,5 +48,7 @@ def solving_dtype(device: torch.device, forced: str | None = None) -> tuple[torc
 
 
 def precision_line(device: torch.device, dtype: torch.dtype, why: str) -> str:
-    """The line a solving command prints, e.g. ``device cpu, precision float32 (this CPU has no native bf16)``."""
-    return f"device {device}, precision {str(dtype).removeprefix('torch.')} ({why})"
+    """The line a solving command prints, e.g. ``device cpu, precision float32 (this CPU has no native bf16); 2
+    threads (every core is free; ...)``: the threads as :func:`utils.threads.thread_note` gives them."""
+    threads, _, reason = thread_note().partition(": ")
+    return f"device {device}, precision {str(dtype).removeprefix('torch.')} ({why}); {threads} ({reason})"
