@@ -388,6 +388,7 @@ def test_the_length_is_told_again_from_timed_steps_and_the_first_step_apart(monk
     ticks = iter([0.0, 60.0] + [60.0 + 0.013 * i for i in range(1, 101)] + [100.0] + [100.0 + 0.013 * i for i in
                                                                                    range(1, 200)])
     monkeypatch.setattr(estimate_mod.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(estimate_mod, "load_note", lambda: "a quiet machine")  # whatever else runs here now
     lines = []
     pace = estimate_mod.StepPace(0, 4218, torch.device("cpu"), True, 16.0, lambda msg, *a: lines.append(msg % a))
     pace.begin()
@@ -395,7 +396,7 @@ def test_the_length_is_told_again_from_timed_steps_and_the_first_step_apart(monk
         pace.step_done(step)
     assert lines[0].startswith("compiling the training step: the first step builds its kernels")
     assert lines[1] == "compiling the training step and running it took 60 s"
-    assert lines[2] == ("measured: steps 2-102 took 13 ms each (median; 76.9 steps/s); the rest of the schedule (4116 "
+    assert lines[2] == ("measured: steps 2-102 took 13 ms each (median; 76.9 steps/s, on a quiet machine); the rest of the schedule (4116 "
                         "steps): about 54 s at this pace, evaluations not counted; the FLOP estimate said 16 s: these "
                         "steps are bound by more than their FLOPs (on a CPU: other processes on its cores, or steps "
                         "too small to keep its threads busy)")
@@ -475,6 +476,7 @@ def test_campaign4_p24_a_short_run_is_told_its_first_step_and_its_pace(monkeypat
     as many timed steps as are left). The clock is scripted."""
     ticks = iter([0.0, 0.04] + [0.04 + 0.01 * i for i in range(1, total)])
     monkeypatch.setattr(estimate_mod.time, "perf_counter", lambda: next(ticks))
+    monkeypatch.setattr(estimate_mod, "load_note", lambda: "a quiet machine")  # whatever else runs here now
     lines = []
     pace = estimate_mod.StepPace(0, total, torch.device("cpu"), False, 1.0, lambda msg, *a: lines.append(msg % a))
     pace.begin()
@@ -483,7 +485,8 @@ def test_campaign4_p24_a_short_run_is_told_its_first_step_and_its_pace(monkeypat
     assert lines[0] == "the first step took 40 ms"
     timed = total // 2  # as many timed as are left after them
     assert lines[1:] == [f"measured: {'step 2' if timed == 1 else f'steps 2-{1 + timed}'} took 10 ms "
-                         f"{'(' if timed == 1 else 'each (median; '}100 steps/s); the rest of the schedule "
+                         f"{'(' if timed == 1 else 'each (median; '}100 steps/s, on a quiet machine); the rest of the "
+                         "schedule "
                          f"({total - 1 - timed} step{'' if total - 1 - timed == 1 else 's'}): about "
                          f"{10 * (total - 1 - timed)} ms at this pace, evaluations not counted"]
 

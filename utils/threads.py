@@ -69,6 +69,14 @@ def runnable_others(samples: int = 3, pause_s: float = 0.01) -> float:
     return max(0.0, sum(counts) / len(counts))
 
 
+def load_note() -> str:
+    """The load a measurement was made under, for a length estimate: ``"a quiet machine"`` or ``"a busy machine (N
+    other process(es) runnable on C cores)"`` (:func:`runnable_others` now)."""
+    others = runnable_others()
+    return "a quiet machine" if others < 0.5 else \
+        f"a busy machine ({others:.0f} other process(es) runnable on {os.cpu_count() or 1} cores)"
+
+
 def free_cores() -> float:
     """Cores not taken by other runnable processes now: ``os.cpu_count()`` less :func:`runnable_others`, at least
     1."""

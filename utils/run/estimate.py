@@ -30,6 +30,8 @@ from typing import Callable, Optional
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from utils.threads import load_note
+
 STEP_EFFICIENCY = 0.5  # share of the GEMM rate a training step reaches (see the module docstring)
 # A backward pass costs about twice its forward (Kaplan et al. 2020, arXiv 2001.08361, Sec. 2.1: 2N FLOPs per token
 # forward, 4N backward): for a step counted from its forward alone (the CAPE trainer counts one episode's forward on
@@ -55,8 +57,8 @@ class Estimate:
         """The start-up line of a trainer: the time to the end of the schedule and how it was reckoned."""
         return (f"estimated time to the end of the schedule: {duration(self.seconds)} ({self.steps} steps of "
                 f"{self.flops_per_step / 1e12:.3g} TFLOP at {STEP_EFFICIENCY:.0%} of the {self.matmul_rate / 1e12:.3g} "
-                f"TFLOP/s measured for a GEMM on {device}; evaluations not counted; told again from the first timed "
-                "steps)")
+                f"TFLOP/s measured for a GEMM on {device}, on {load_note()}; evaluations not counted; told again from "
+                "the first timed steps)")
 
 
 def step_flops(meta_head, batch_size: int, seq_len: int) -> int:
@@ -185,7 +187,7 @@ class StepPace:
             f"; the FLOP estimate said {duration(self.flop_seconds)}: these steps are bound by more than their FLOPs "
             f"({slower_than_flops(self.device)})")
         timed = f"step {step} took %.3g ms (" if n == 1 else f"steps {step - n + 1}-{step} took %.3g ms each (median; "
-        self.report("measured: " + timed + "%.3g steps/s); the rest of the schedule (%d step%s): about %s at this pace, "
-                    "evaluations not counted%s", 1e3 * per_step, 1 / per_step, rest, "" if rest == 1 else "s",
-                    duration(per_step * rest), bound)
+        self.report("measured: " + timed + "%.3g steps/s, on %s); the rest of the schedule (%d step%s): about %s at "
+                    "this pace, evaluations not counted%s", 1e3 * per_step, 1 / per_step, load_note(), rest,
+                    "" if rest == 1 else "s", duration(per_step * rest), bound)
         self._last = None
