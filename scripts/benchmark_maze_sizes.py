@@ -15,7 +15,7 @@ Two protocols, each named in the output:
 
 - **model-only**: one trajectory from the model's initial state on the maze as given (the references' evaluation),
   ``--segments-x`` times the run's ``halt_max_steps`` segments, and the size-scaled default of solving
-  (:func:`utils.solve.solving.segments_for`); and with early exit, the answer of the first segment whose ``q_halt``
+  (:func:`utils.solve.anytime.segments_for`); and with early exit, the answer of the first segment whose ``q_halt``
   is positive. An answer counts when it is *a* shortest S-G path (utils/data/user_puzzles.py ``maze_problems``): for a
   maze with one shortest path that is exact accuracy, the papers' figure; the rules only score, they select nothing.
 - **checked, anytime** (``--budget`` seconds a maze, 0 for none): solve.py's search (utils/solve/anytime.py).
@@ -124,7 +124,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
     from utils.device import select_device
     from utils.solve.precision import solving_dtype
-    from utils.solve.precheck import largest_side, segments_for
+    from utils.solve.anytime import segments_for
+    from utils.solve.precheck import largest_side
     from utils.solve.solving import open_model
 
     device = select_device(args.device).device

@@ -119,7 +119,7 @@ CANNOT = [
            "(.ci/run)", "python install_dependencies.py --dry-run"),
     Cannot(_gpus, "needs several GPUs (or machines: tests/test_cluster.py runs two agents as two nodes on this one)",
            "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 pretrain.py --config-name=cfg_pretrain_cpu"),
-    Cannot(lambda w: w[0] == "sbatch", "needs a Slurm cluster (tests/test_cluster.py runs scripts/train.sbatch with a "
+    Cannot(lambda w: split_env(w)[1][:1] == ["sbatch"], "needs a Slurm cluster (tests/test_cluster.py runs scripts/train.sbatch with a "
                                        "stand-in of Slurm's srun and scontrol, a requeue included)",
            "OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 --max-restarts 2 pretrain.py --config-name=cfg_pretrain_cpu"),
     Cannot(lambda w: w[0] in ("git", "hf"), "downloads from GitHub or the Hugging Face Hub",
@@ -142,8 +142,7 @@ CANNOT = [
 
 def cannot(words: list[str], copy: Optional[Path] = None) -> Optional[Cannot]:
     """The :data:`CANNOT` entry a command's words match, or what it needs that a command above it could not make in
-    ``copy`` (:func:`missing_input`); None: it runs here. ``VAR=value`` prefixes are not the program."""
-    words = split_env(words)[1]
+    ``copy`` (:func:`missing_input`); None: it runs here."""
     found = next((c for c in CANNOT if c.matches(words)), None)
     return found if found is not None or copy is None else missing_input(words, copy)
 

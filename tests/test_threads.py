@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from utils import threads
+from utils import device as device_mod
 from utils.device import select_device
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,7 +70,7 @@ def fresh(monkeypatch):
     for name in ("OMP_NUM_THREADS", "HRM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(threads, "physical_cores", lambda: 2)
+    monkeypatch.setattr(device_mod, "physical_cores", lambda: 2)
     torch.set_num_threads(2)
     yield monkeypatch
     torch.set_num_threads(before)

@@ -82,7 +82,7 @@ def select_device(requested: str | None = "auto", deterministic: bool = False) -
         DeviceError: the string is malformed, or names a device this machine does not have.
     """
     choice = _pick_device(requested)
-    choose_threads(deterministic)
+    choose_threads(deterministic, physical_cores())
     return DeviceChoice(choice.device, choice.reason, thread_note())
 
 
@@ -129,6 +129,19 @@ def cpuinfo() -> str:
             return f.read()
     except OSError:
         return ""
+
+
+def physical_cores() -> int:
+    """The CPU's cores without their hyperthread siblings (distinct ``physical id``/``core id`` pairs of
+    /proc/cpuinfo), where torch's default number of threads comes from; ``os.cpu_count()`` where that is unknown."""
+    pairs, physical = set(), "0"
+    for line in cpuinfo().splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            physical = value.strip()
+        elif key.strip() == "core id":
+            pairs.add((physical, value.strip()))
+    return len(pairs) or os.cpu_count() or 1
 
 
 def cpu_name() -> str:

@@ -83,33 +83,20 @@ def free_cores() -> float:
     return max(1.0, (os.cpu_count() or 1) - runnable_others())
 
 
-def physical_cores() -> int:
-    """The CPU's cores without their hyperthread siblings (distinct ``physical id``/``core id`` pairs of
-    /proc/cpuinfo), where torch's default number of threads comes from; ``os.cpu_count()`` where that is unknown."""
-    from utils.device import cpuinfo
-
-    pairs, physical = set(), "0"
-    for line in cpuinfo().splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "physical id":
-            physical = value.strip()
-        elif key.strip() == "core id":
-            pairs.add((physical, value.strip()))
-    return len(pairs) or os.cpu_count() or 1
-
-
-def choose_threads(deterministic: bool = False) -> int:
+def choose_threads(deterministic: bool = False, physical_cores: Optional[int] = None) -> int:
     """Set torch's threads for this process, once (a later call returns the first choice): the user's own where set
     (``OMP_NUM_THREADS``, or a ``torch.set_num_threads`` made before this), else the free cores at start; with
     ``deterministic``, torch's default whatever the load, since a sum's bits depend on how many threads share it
-    and a resumed run must compute as the first one did. The reason is :func:`thread_note`."""
+    and a resumed run must compute as the first one did. ``physical_cores`` (without hyperthread siblings, where
+    torch's default comes from; :func:`utils.device.physical_cores`) tells torch's default from a user's choice.
+    The reason is :func:`thread_note`."""
     global _note, _chosen
     import torch
 
     if _chosen is not None:
         return torch.get_num_threads()
     cores, waiting = os.cpu_count() or 1, _waiting()
-    torch_default = torch.get_num_threads() in (cores, physical_cores())
+    torch_default = torch.get_num_threads() in (cores, physical_cores or cores)
     if "OMP_NUM_THREADS" in os.environ:  # torchrun sets 1 for each of several processes
         _note = f"OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']} from the environment (kept); {waiting}"
     elif _kept():

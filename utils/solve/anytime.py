@@ -44,7 +44,6 @@ from utils.eval.load import Trained
 from utils.eval.reasoning import (RULES, Cancelled, TestTimeCompute, TestTimeComputeError, checked_better,
                                   rows_per_call)
 from utils.solve.search import Search, Segment, run_trajectories
-from utils.solve.precheck import segments_for
 from utils.solve.verdict import Answer
 from utils.eval.stats import with_interval
 
@@ -78,10 +77,21 @@ def check_budget_s(budget_s: float, flag: str = "--budget") -> float:
     return float(budget_s)
 
 
+def segments_for(trained: Trained, seq_len: int, segments: int) -> int:
+    """ACT segments a trajectory of ``trained`` runs on a puzzle of ``seq_len`` cells, given the run's ``segments``
+    for its own size: as many, or for a grid model on a larger square, ``segments`` times the ratio of the sides,
+    rounded up (its blocks carry information a fixed number of cells a segment, and a shortest path grows about
+    as the side: Maze-Hard's 110 moves at 30x30 against about 50 at 16x16, utils/data/maze.py)."""
+    side, own = math.isqrt(seq_len), math.isqrt(trained.seq_len)
+    if not trained.grid or side <= own:
+        return segments
+    return math.ceil(segments * side / own)
+
+
 def default_search(trained: Trained, ttc: TestTimeCompute, seq_len: Optional[int] = None) -> Search:
     """The search anytime solving runs (docs/results.md, "Test-time search", gives the measurement behind it):
     the run's segments (``ttc.segments`` or ``halt_max_steps``; for a grid model on a puzzle of ``seq_len`` cells
-    larger than it trained on, more: :func:`utils.solve.solving.segments_for`), symmetry views, latent noise of std
+    larger than it trained on, more: :func:`segments_for`), symmetry views, latent noise of std
     ``ttc.noise`` at every recursion update (:func:`anytime_compute` sets it), a check after every segment."""
     segments = ttc.segments or trained.cfg.arch["halt_max_steps"]
     if ttc.segments is None and seq_len is not None:

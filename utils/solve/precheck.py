@@ -1,6 +1,6 @@
 """What comes before a user's puzzle is searched: whether the model takes it (its vocabulary and size; a maze larger
 than the model takes is one line naming the largest), the tokens it answers (a smaller maze framed with walls up to a
-fixed-size model's side), the segments its size needs, and how many solutions it has (counted exactly: a puzzle with
+fixed-size model's side), and how many solutions it has (counted exactly: a puzzle with
 none is never searched). Everything a solve needs to know of a puzzle is known here, once (:func:`prepare`)."""
 
 from __future__ import annotations
@@ -62,17 +62,6 @@ def check_fits(trained: Trained, task: str, seq_len: int) -> None:
     raise PuzzleInputError(f"{trained.path} was trained on puzzles of {trained.seq_len} cells"
                            f"{f' ({side}x{side})' if side * side == trained.seq_len else ''} and a vocabulary of "
                            f"{trained.vocab_size}, not {kind} of {seq_len} cells: use a checkpoint trained on them")
-
-
-def segments_for(trained: Trained, seq_len: int, segments: int) -> int:
-    """ACT segments a trajectory of ``trained`` runs on a puzzle of ``seq_len`` cells, given the run's ``segments``
-    for its own size: as many, or for a grid model on a larger square, ``segments`` times the ratio of the sides,
-    rounded up (its blocks carry information a fixed number of cells a segment, and a shortest path grows about
-    as the side: Maze-Hard's 110 moves at 30x30 against about 50 at 16x16, utils/data/maze.py)."""
-    side, own = math.isqrt(seq_len), math.isqrt(trained.seq_len)
-    if not trained.grid or side <= own:
-        return segments
-    return math.ceil(segments * side / own)
 
 
 def model_tokens(trained: Trained, task: str, tokens: np.ndarray) -> np.ndarray:
