@@ -29,6 +29,7 @@ from PIL import Image
 
 import pretrain
 import solve
+from tests.conftest import child_env
 from tests.test_bad_inputs import assert_one_line
 from tests.test_bundling import tiny_bundled  # noqa: F401  (a fixture)
 from tests.test_pretrain_trm import TINY_TRM
@@ -406,6 +407,29 @@ def test_campaign4_p06_ctrl_c_during_a_solve_cancels_it_and_exits_130(tmp_path):
     assert out.splitlines()[-1] == "stopped (the solve in progress was cancelled)"
     assert "terminate called" not in err and "Traceback" not in err and not list(tmp_path.glob("core*"))
     assert replies == [503], (replies, err)  # the client was told (err: whether the grace ran out first)
+
+
+def test_a_ctrl_c_after_the_page_stopped_does_not_interrupt_the_exit(tmp_path):
+    """Issue 74: a second Ctrl-C once the page said "stopped" was taken by Python's exit: killed by SIGINT (-2), or
+    a KeyboardInterrupt traceback from an atexit callback. The closed page ignores it and exits 0."""
+    process = subprocess.Popen([sys.executable, str(ROOT / "solve.py"), "--serve", "--port", "0", "--device", "cpu",
+                                "--out", str(tmp_path / "out")], cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=child_env(),
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    try:
+        while not any(line.startswith("device ") for line in lines):  # serving: its last start-up line
+            lines.append(process.stdout.readline())
+            assert lines[-1], "".join(lines)
+        process.send_signal(signal.SIGINT)
+        while lines[-1].strip() != "stopped":
+            lines.append(process.stdout.readline())
+            assert lines[-1], "".join(lines)
+        process.send_signal(signal.SIGINT)
+        out = "".join(lines) + process.communicate(timeout=120)[0]
+    finally:
+        process.kill()
+    assert process.returncode == 0 and "Traceback" not in out, (process.returncode, out)
 
 
 def test_campaign4_p10_silent_and_crowding_clients_are_hung_up_on(shipped, monkeypatch, capfd, caplog):
