@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from utils.cli import ArgumentParser, non_negative_int, positive_int
-from utils.data.user_puzzles import PuzzleInputError
+from utils.data.user_puzzles import PuzzleInputError, maze_file, sudoku_file
 from utils.solve.bundled import BUNDLED
 from utils.config import ConfigError
 from utils.eval.flags import add_budget_argument, add_test_time_arguments
@@ -104,14 +104,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable_dir(args.out, "--out")
+    check_puzzle_flags(args)  # before torch loads: a bad path or flag is refused at once
     from utils.device import select_device, select_dtype
     from utils.solve.anytime import anytime_compute
     from utils.solve.precision import precision_line, solving_dtype
     from utils.eval.reasoning import test_time_compute
     from utils.solve.solving import check_budget
 
-    check_writable_dir(args.out, "--out")
-    check_puzzle_flags(args)
     args.budget = budget_of(args)
     ttc = anytime_compute(args, test_time_compute(args, keep_segments=True, task=flag_task(args)))  # checked now
     device = select_device(args.device).device
@@ -331,10 +331,13 @@ def flag_task(args: argparse.Namespace) -> str:
 
 
 def check_puzzle_flags(args: argparse.Namespace) -> None:
-    """Refuse, before any work, an empty puzzle flag and ARC adaptation settings out of range.
+    """Refuse, before any work (torch not yet loaded), an empty puzzle flag, a --sudoku or --maze file that is not
+    there, and ARC adaptation settings out of range.
 
     Raises:
-        PuzzleInputError: an empty --sudoku, --maze or --arc, or --views with --arc.
+        PuzzleInputError: an empty --sudoku, --maze or --arc, a missing file or a directory for --sudoku or --maze
+            (:func:`utils.data.user_puzzles.sudoku_file`, :func:`~utils.data.user_puzzles.maze_file`), or --views
+            with --arc.
         ConfigError: a --port out of range. (The ARC adaptation flags' ranges are their parser types', checked
             whatever the puzzle.)
     """
@@ -342,6 +345,10 @@ def check_puzzle_flags(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and not value.strip():
             raise PuzzleInputError(f"--{flag} is empty: give {wanted}")
+    if args.sudoku is not None:
+        sudoku_file(args.sudoku)
+    if args.maze is not None:
+        maze_file(args.maze)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port {args.port} is out of range: 0..65535")
     if args.arc is not None and args.views not in (None, 1):

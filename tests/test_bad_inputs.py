@@ -3,7 +3,10 @@ missing path. Each must end with exit code 2 and one ``error:`` line, never a tr
 
 import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -403,3 +406,16 @@ def test_an_unreadable_image_in_a_dataloader_worker_is_one_line(cape_data, tmp_p
                                         "--num_workers", "1", "--data_root", str(root),
                                         "--output_dir", str(tmp_path / "run")]))
     assert_one_line(capsys, code, "cannot read image ")
+
+
+@pytest.mark.parametrize("flag, spec", [("--sudoku", "puzzles/missing.txt"), ("--sudoku", "."),
+                                        ("--maze", "missing.txt"), ("--maze", ".")])
+def test_a_missing_puzzle_file_is_refused_before_torch_loads(flag, spec, tmp_path):
+    """Issue 73: a missing --sudoku/--maze file (or a folder) took 2-5 s to be refused, after torch's import and the
+    device's choice; now one line and exit 2 with torch never imported (a fresh process)."""
+    code = ("import sys, solve; code = solve.main([{!r}, {!r}, '--out', {!r}]); "
+            "print('exit', code, 'torch' in sys.modules)").format(flag, spec, str(tmp_path / "out"))
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.stdout.strip().splitlines()[-1] == "exit 2 False", done.stdout + done.stderr
+    assert done.stderr.count("error:") == 1 and spec in done.stderr and not (tmp_path / "out").exists()

@@ -81,6 +81,22 @@ def parse_sudoku(text: str, where: str) -> np.ndarray:
     return np.where(digits > 0, digits + 1, 1).astype(np.uint8)
 
 
+def sudoku_file(spec: str) -> Optional[Path]:
+    """The file ``--sudoku SPEC`` names, or None where ``spec`` is the puzzle itself (checked before anything loads).
+
+    Raises:
+        PuzzleInputError: a directory, or a path (a name ending .csv or .txt, or one with a folder) that is not there.
+    """
+    path = Path(spec)
+    if path.is_dir():
+        raise PuzzleInputError(f"{spec} is a directory; give a Sudoku (81 characters) or a file of them")
+    if path.is_file():
+        return path
+    if spec.endswith((".csv", ".txt")) or os.sep in spec:
+        raise PuzzleInputError(f"{spec}: no such file; give a Sudoku (81 characters) or the path of a file of them")
+    return None
+
+
 def read_sudokus(spec: str) -> list[tuple[str, np.ndarray]]:
     """``(name, tokens [81])`` for each Sudoku ``spec`` gives: a file (a CSV with a ``question`` column, or one puzzle
     per line) or the puzzle itself.
@@ -88,12 +104,8 @@ def read_sudokus(spec: str) -> list[tuple[str, np.ndarray]]:
     Raises:
         PuzzleInputError: a malformed puzzle, an empty file, or a file that is not UTF-8 text.
     """
-    path = Path(spec)
-    if path.is_dir():
-        raise PuzzleInputError(f"{spec} is a directory; give a Sudoku (81 characters) or a file of them")
-    if not path.is_file():
-        if spec.endswith((".csv", ".txt")) or os.sep in spec:
-            raise PuzzleInputError(f"{spec}: no such file; give a Sudoku (81 characters) or the path of a file of them")
+    path = sudoku_file(spec)
+    if path is None:
         return [("puzzle 1", parse_sudoku(spec, "the puzzle"))]
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -275,6 +287,22 @@ def _entry(task: str, line: int, text: str, where: str) -> FileEntry:
     return FileEntry(line, text, tokens, shape=shape)
 
 
+def maze_file(spec: str) -> Path:
+    """The file ``--maze SPEC`` names (checked before anything loads).
+
+    Raises:
+        PuzzleInputError: a directory, or no such file.
+    """
+    path = Path(spec)
+    if path.is_dir():
+        raise PuzzleInputError(f"{spec} is a directory; give a text file of mazes (rows of # walls and spaces, one S "
+                               "and one G) or a Maze-Hard CSV")
+    if not path.is_file():
+        raise PuzzleInputError(f"{spec}: no such file; give the path of a text file of mazes (rows of # walls and "
+                               "spaces, one S and one G) or a Maze-Hard CSV")
+    return path
+
+
 def read_mazes(spec: str) -> list[tuple[str, np.ndarray, tuple[int, int]]]:
     """``(name, tokens uint8 [side²], (rows, cols))`` for each maze of the file ``spec``: a text file of one or more
     mazes separated by empty lines, or a Maze-Hard CSV (a ``question`` column). The tokens are framed as
@@ -284,13 +312,7 @@ def read_mazes(spec: str) -> list[tuple[str, np.ndarray, tuple[int, int]]]:
         PuzzleInputError: no such file, a directory, not UTF-8 text, no maze in it, or a malformed maze (the first,
             named by its line, row and column).
     """
-    path = Path(spec)
-    if path.is_dir():
-        raise PuzzleInputError(f"{spec} is a directory; give a text file of mazes (rows of # walls and spaces, one S "
-                               "and one G) or a Maze-Hard CSV")
-    if not path.is_file():
-        raise PuzzleInputError(f"{spec}: no such file; give the path of a text file of mazes (rows of # walls and "
-                               "spaces, one S and one G) or a Maze-Hard CSV")
+    path = maze_file(spec)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (UnicodeDecodeError, OSError) as e:
