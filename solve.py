@@ -26,7 +26,6 @@ import utils  # noqa: F401  (sets the MPS fallback and the OpenMP wait before to
 import argparse
 import logging
 import math
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -125,9 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.serve:
         from utils.serve.server import serve  # the page's server, only for --serve
 
-        code = serve(args, device, dtype, out, note)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the page is closed: another Ctrl-C would only interrupt
-        return code  # Python's exit, with a traceback from an atexit callback
+        return serve(args, device, dtype, out, note)
     if note:
         print(note, flush=True)
     if args.arc is not None:

@@ -418,9 +418,14 @@ def test_a_ctrl_c_after_the_page_stopped_does_not_interrupt_the_exit(tmp_path):
                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
-        while not any(line.startswith("device ") for line in lines):  # serving: its last start-up line
+        while not any(line.startswith("device ") for line in lines):  # its last start-up line
             lines.append(process.stdout.readline())
             assert lines[-1], "".join(lines)
+        port = int(re.search(r"127\.0\.0\.1:(\d+)/", lines[0])[1])
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        connection.request("GET", "/", headers={"Host": f"127.0.0.1:{port}"})
+        assert connection.getresponse().status == 200  # answered: the page is serving
+        connection.close()
         process.send_signal(signal.SIGINT)
         while lines[-1].strip() != "stopped":
             lines.append(process.stdout.readline())
@@ -511,7 +516,11 @@ def test_campaign4_p03_any_interface_warns_and_needs_the_printed_token(shipped, 
                                 Path(".")), "0.0.0.0", 0)
     monkeypatch.setattr(server_module, "make_server", lambda *_: stopped)
     monkeypatch.setattr(stopped, "serve_forever", lambda: (_ for _ in ()).throw(KeyboardInterrupt))
-    assert server_module.serve(Namespace(), torch.device("cpu"), torch.float32, Path(".")) == 0
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    try:
+        assert server_module.serve(Namespace(), torch.device("cpu"), torch.float32, Path(".")) == 0
+    finally:
+        signal.signal(signal.SIGINT, ctrl_c)  # the closed page ignores Ctrl-C from then on: this process goes on
     printed = capsys.readouterr()
     assert printed.err.startswith("warning: --host 0.0.0.0 listens on every network interface")
     assert f"the page: {stopped.url} (2 models; Ctrl-C stops it)" in printed.out

@@ -56,6 +56,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -142,6 +143,8 @@ def stop_serving(server: PageServer, signum: int) -> int:
         answered = server.wait_answered(STOP_GRACE_S)
     except KeyboardInterrupt:  # asked again (Ctrl-C, or SIGTERM as utils.run.main.Terminated): do not wait
         answered = False
+    if threading.current_thread() is threading.main_thread():  # closed: a later Ctrl-C would only interrupt the
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # exit (killed by SIGINT, or an atexit callback's traceback)
     server.server_close()
     code = signal_exit_code(signum) if cut_short else 0
     print(f"stopped{' (the solve in progress was cancelled)' if cut_short else ''}", flush=True)
