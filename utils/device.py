@@ -131,6 +131,7 @@ def cpuinfo() -> str:
         return ""
 
 
+@lru_cache(maxsize=None)
 def physical_cores() -> int:
     """The CPU's cores without their hyperthread siblings (distinct ``physical id``/``core id`` pairs of
     /proc/cpuinfo), where torch's default number of threads comes from; ``os.cpu_count()`` where that is unknown."""

@@ -94,7 +94,7 @@ def choose_threads(deterministic: bool = False, physical_cores: Optional[int] = 
     import torch
 
     if _chosen is not None:
-        return torch.get_num_threads()
+        return _chosen
     cores, waiting = os.cpu_count() or 1, _waiting()
     torch_default = torch.get_num_threads() in (cores, physical_cores or cores)
     if "OMP_NUM_THREADS" in os.environ:  # torchrun sets 1 for each of several processes
@@ -115,7 +115,12 @@ def choose_threads(deterministic: bool = False, physical_cores: Optional[int] = 
     return _chosen
 
 
-def thread_note() -> str:
-    """``N threads: why`` (:func:`choose_threads` first, if it has not run)."""
+def threads_and_reason() -> tuple[str, str]:
+    """``("N threads", why)`` of this process's choice (:func:`choose_threads` first, if it has not run)."""
     threads = choose_threads()
-    return f"{threads} thread{'s' * (threads != 1)}: {_note}"
+    return f"{threads} thread{'s' * (threads != 1)}", _note
+
+
+def thread_note() -> str:
+    """``N threads: why``, one line (:func:`threads_and_reason`)."""
+    return ": ".join(threads_and_reason())

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from utils.config import Layer, leaves, merge_layers
 from utils.device import describe, select_device
 from utils.distributed import Dist
+from utils.threads import threads_and_reason
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +93,8 @@ def layered_settings(base: list[Layer], top: list[Layer], rank: Dist, device_set
     prelim, _ = merge_layers(base + top)
     choice = select_device(f"cuda:{rank.local_rank}" if rank.uses_nccl else device_setting(prelim),
                            deterministic=bool(prelim.get("deterministic") or prelim.get("cudnn_deterministic")))
-    threads, _, why = choice.threads.partition(": ")
     decisions = {"device": Decision(f"{choice.device} - {describe(choice.device)}", choice.reason),
-                 "threads": Decision(threads, why)}
+                 "threads": Decision(*threads_and_reason())}
     found = profile(prelim, choice.device)
     middle = []
     if found is not None:

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from utils.threads import thread_note
-
 from utils.device import bf16_support, cpu_bf16_features, select_dtype
+from utils.threads import threads_and_reason
 
 
 def solving_dtype(device: torch.device, forced: str | None = None) -> tuple[torch.dtype, str]:
@@ -49,6 +48,6 @@ def solving_dtype(device: torch.device, forced: str | None = None) -> tuple[torc
 
 def precision_line(device: torch.device, dtype: torch.dtype, why: str) -> str:
     """The line a solving command prints, e.g. ``device cpu, precision float32 (this CPU has no native bf16); 2
-    threads (every core is free; ...)``: the threads as :func:`utils.threads.thread_note` gives them."""
-    threads, _, reason = thread_note().partition(": ")
+    threads (every core is free; ...)``: the threads as :func:`utils.threads.threads_and_reason` gives them."""
+    threads, reason = threads_and_reason()
     return f"device {device}, precision {str(dtype).removeprefix('torch.')} ({why}); {threads} ({reason})"
