@@ -419,3 +419,30 @@ def test_a_missing_puzzle_file_is_refused_before_torch_loads(flag, spec, tmp_pat
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.stdout.strip().splitlines()[-1] == "exit 2 False", done.stdout + done.stderr
     assert done.stderr.count("error:") == 1 and spec in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly(tmp_path):
+    """``solve.py ... | head -1``: the reader closes the pipe while the command still prints. The command ends as a
+    shell's does (exit 141, 128 + SIGPIPE), with no traceback, through the exit the solving commands take."""
+    code = ("from utils.run.main import cli_main, exit_skipping_teardown\n"
+            "exit_skipping_teardown(cli_main(lambda: [print('answer line', i, flush=True) for i in range(10**6)]))")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "answer line 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and err == "", err
+
+
+def test_the_skipped_teardown_delivers_every_line_printed_and_logged(tmp_path):
+    """The solving commands end by ``os._exit`` (``exit_skipping_teardown``), skipping torch's teardown: what was
+    printed without a flush, and a log line to a file, still arrive whole, with the command's exit code."""
+    log_file = tmp_path / "run.log"
+    code = ("import logging, sys\n"
+            f"logging.basicConfig(filename={str(log_file)!r}, level=logging.INFO)\n"
+            "from utils.run.main import exit_skipping_teardown\n"
+            "logging.info('logged last'); print('printed, not flushed', end=''); sys.stderr.write('said')\n"
+            "exit_skipping_teardown(3)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout, done.stderr) == (3, "printed, not flushed", "said")
+    assert log_file.read_text().strip().endswith("logged last")

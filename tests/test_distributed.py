@@ -107,7 +107,7 @@ def test_global_batch_must_divide_by_world_size(sudoku_dir, tmp_path, monkeypatc
 
     torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
     monkeypatch.setattr(distributed, "init_distributed", lambda: distributed.Dist(rank=0, world_size=2, local_rank=0))
-    monkeypatch.setattr("utils.run.main.leave_worker", lambda code: None)  # a torchrun worker's exit would end pytest
+    monkeypatch.setattr("utils.run.main.exit_skipping_teardown", lambda code: None)  # a torchrun worker's exit would end pytest
     try:
         code = pretrain.main([*common(sudoku_dir), "global_batch_size=31", f"checkpoint_path={tmp_path / 'run'}"])
     finally:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from utils.distributed import Dist
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports it (signal.SIGPIPE is not defined on Windows)
 
 
 def setup_logging(rank: Dist | None = None) -> None:
@@ -88,7 +89,8 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
 
 def cli_main(body: Callable[[], int | None]) -> int:
     """Run a single-process command (``evaluate.py``, a builder) with the shared logging and error path; Ctrl-C
-    ends it with one line and exit status 130, SIGTERM the same way with 143, no traceback, after every cleanup on
+    ends it with one line and exit status 130, SIGTERM the same way with 143, a closed stdout (its reader left)
+    quietly with 141, no traceback, after every cleanup on
     the way (utils/outputs.py writes each file whole or not at all, so an interruption leaves nothing half-written
     under a file's name; a staging folder or temporary directory is removed as the stop unwinds)."""
     setup_logging()
@@ -103,6 +105,9 @@ def cli_main(body: Callable[[], int | None]) -> int:
     except KeyboardInterrupt:
         print("stopped (Ctrl-C)", file=sys.stderr, flush=True)
         return signal_exit_code(signal.SIGINT)
+    except BrokenPipeError:  # the reader of stdout left (``solve.py ... | head``): as a shell's command ends on it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush has somewhere to go
+        return EXIT_BROKEN_PIPE
 
 
 def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
@@ -135,17 +140,22 @@ def run_main(body: Callable[[Dist, GracefulStop], int]) -> int:
         if rank.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()
     if rank.world_size > 1:
-        leave_worker(code)
+        exit_skipping_teardown(code)
     return code
 
 
-def leave_worker(code: int) -> NoReturn:
-    """End a torchrun worker with ``code`` now that its run is over and its process group destroyed: flush what it
-    printed and logged, then ``os._exit``, skipping the interpreter's teardown. In that teardown gloo's worker
-    threads can abort a worker whose run succeeded (SIGABRT, "terminate called without an active exception"; seen
-    in this project's CI after "done", and reported upstream: pytorch/pytorch#179291). Everything the run writes
-    is closed by then (checkpoints, metrics, TensorBoard)."""
+def exit_skipping_teardown(code: int) -> NoReturn:
+    """End the process with ``code`` once what it printed and logged is flushed, by ``os._exit``: the interpreter's
+    teardown is skipped. Call it only when every file the command writes is closed. Two commands need it:
+
+    - a torchrun worker whose run is over and whose process group is destroyed: in that teardown gloo's worker
+      threads can abort a worker whose run succeeded (SIGABRT, "terminate called without an active exception";
+      seen in this project's CI after "done", and reported upstream: pytorch/pytorch#179291);
+    - the solving commands (``solve.py``, ``evaluate.py``), where torch's teardown is a fifth to a quarter of a
+      short solve: ``solve.py`` on the README's Sudoku ran in 0.73x the wall time without it (farm-bench, paired
+      runs on the 2-core AVX512-BF16 EPYC, one core busy; docs/results.md, "Start-up")."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            stream.flush()
     os._exit(code)
