@@ -20,6 +20,7 @@ import torch
 from tests import signal_hook
 from tests.warm_trainer import WarmTrainer
 from utils.data.sudoku.build import build_dataset
+from utils.run import main as run_main
 
 signal_hook.install()  # for the trainers the tests run in this process
 HOOK_PATH = Path(__file__).resolve().parent / "run_hook"  # its sitecustomize arms the hook in a started process
@@ -98,6 +99,18 @@ def _cuda_only_where_named(request):
     if HAS_CUDA and not before and request.node.get_closest_marker("gpu") is None:
         assert not torch.cuda.is_initialized(), (f"{request.node.nodeid} used CUDA without naming it: pass device=cpu "
                                                  "(or --device cpu), or mark it gpu")
+
+
+REAL_EXIT = run_main.exit_skipping_teardown
+
+
+@pytest.fixture(autouse=True)
+def _commands_end_as_system_exit(monkeypatch):
+    """A test that runs ``solve.py`` or ``evaluate.py`` as ``__main__`` in this process stands in for the command's
+    own process, whose end (``exit_skipping_teardown``: ``os._exit``) would end the test worker here; it ends as
+    ``sys.exit`` with the same code instead, which the runner catches. The real exit is tested in fresh processes
+    (tests/test_bad_inputs.py), and in this one where a test puts back :data:`REAL_EXIT`."""
+    monkeypatch.setattr(run_main, "exit_skipping_teardown", sys.exit)
 
 
 def release_abandoned_progress_locks() -> int:

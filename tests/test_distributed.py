@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import child_env, make_sudoku, signal_at
+from tests.conftest import REAL_EXIT, child_env, make_sudoku, signal_at
 from utils.checkpoint import safe_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -188,6 +188,7 @@ def test_a_torchrun_worker_leaves_with_its_code_past_the_interpreters_teardown(m
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "destroy_process_group", lambda: events.append("destroyed"))
     monkeypatch.setattr(main.os, "_exit", exit_now)
+    monkeypatch.setattr(main, "exit_skipping_teardown", REAL_EXIT)  # the real exit, down to os._exit
     with pytest.raises(SystemExit):
         main.run_main(body)
     assert events == (["barrier"] if outcome == "done" else []) + ["destroyed", ("exit", code)]
