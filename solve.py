@@ -29,7 +29,7 @@ import math
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from utils.cli import ArgumentParser, non_negative_int, positive_int
 from utils.data.user_puzzles import PuzzleInputError, maze_file, sudoku_file
@@ -105,6 +105,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, "--out")
     check_puzzle_flags(args)  # before torch loads: a bad path or flag is refused at once
+    solutions = solutions_ahead(args)  # before torch loads too: counted on another core meanwhile
     from utils.device import select_device, select_dtype
     from utils.solve.anytime import anytime_compute
     from utils.solve.precision import precision_line, solving_dtype
@@ -132,7 +133,23 @@ def run(args: argparse.Namespace) -> int:
 
         check_budget(check_adaptable(args), ttc, args, device)
         return solve_arc_task(args, ttc, device, dtype, out)
-    return solve_puzzles(args, device, dtype, out)
+    return solve_puzzles(args, device, dtype, out, solutions)
+
+
+def solutions_ahead(args: argparse.Namespace) -> Optional[Callable[[], int]]:
+    """For one Sudoku (``--sudoku`` a puzzle, or a file holding one), its solutions being counted while torch loads
+    (utils/solve/count_ahead.py); None for anything else (the page, a file of puzzles, a maze, ARC).
+
+    Raises:
+        PuzzleInputError: a malformed Sudoku, named (refused before torch loads).
+    """
+    if args.sudoku is None or args.serve or is_file_of_puzzles("sudoku", args.sudoku):
+        return None
+    from utils.data.user_puzzles import read_sudokus
+    from utils.solve.count_ahead import count_ahead
+
+    (_, tokens), *more = read_sudokus(args.sudoku)
+    return None if more else count_ahead("sudoku", tokens)
 
 
 def budget_of(args: argparse.Namespace) -> Optional[float]:
@@ -153,9 +170,11 @@ def budget_of(args: argparse.Namespace) -> Optional[float]:
     return args.budget or None
 
 
-def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
+def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path,
+                  solutions: Optional[Callable[[], int]] = None) -> int:
     """Answer the Sudoku or maze of ``--sudoku``/``--maze``, print and draw each answer; 1 when one is not
-    consistent (with what would help), else 0."""
+    consistent (with what would help), else 0. ``solutions``: the count of a single puzzle's solutions, begun
+    before torch loaded (:func:`solutions_ahead`)."""
     from utils.eval.reasoning import test_time_compute
     from utils.solve.anytime import anytime_compute
     from utils.solve.precheck import prepare
@@ -169,7 +188,7 @@ def solve_puzzles(args: argparse.Namespace, device, dtype, out: Path) -> int:
         return solve_a_file(args, task, Path(spec), device, dtype, out)
     read = read_puzzles(task, spec)
     trained = open_model(args.checkpoint, task, max(len(tokens) for _, tokens, _ in read), len(read), device, dtype)
-    ready = [prepare(trained, task, tokens, shape) for _, tokens, shape in read]
+    ready = [prepare(trained, task, tokens, shape, solutions() if solutions else None) for _, tokens, shape in read]
     puzzles = [(name, one.tokens) for (name, _, _), one in zip(read, ready)]
     if not args.quiet:
         print(f"model: {trained.note or trained.path} (step {trained.step})", flush=True)

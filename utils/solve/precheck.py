@@ -85,13 +85,15 @@ class Prepared:
     solutions: int
 
 
-def prepare(trained: Trained, task: str, tokens: np.ndarray, shape: Optional[tuple[int, int]] = None) -> Prepared:
+def prepare(trained: Trained, task: str, tokens: np.ndarray, shape: Optional[tuple[int, int]] = None,
+            solutions: Optional[int] = None) -> Prepared:
     """Everything a solve needs of a Sudoku or maze (``tokens`` [S] as utils/data/user_puzzles.py parses it) before
-    its search, in one pass: the model takes it, the tokens it answers, its solutions counted.
+    its search, in one pass: the model takes it, the tokens it answers, its solutions counted (or ``solutions``,
+    where a Sudoku's were counted already: utils/solve/count_ahead.py).
 
     Raises:
         PuzzleInputError: as :func:`check_fits`.
     """
     check_fits(trained, task, tokens.size)
     seen = model_tokens(trained, task, tokens)
-    return Prepared(seen, shape, count_puzzle_solutions(task, seen))
+    return Prepared(seen, shape, count_puzzle_solutions(task, seen) if solutions is None else solutions)
