@@ -111,13 +111,18 @@ def run_recipe(label: str, recipe: str, extra: tuple[str, ...], data: Path, out:
     with open(log_path, "w") as log, tqdm(total=round(budget_s), desc=label, unit="s", dynamic_ncols=True) as bar:
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         stopped = False
-        while proc.poll() is None:
-            if time.perf_counter() - start >= budget_s and not stopped:
-                proc.send_signal(signal.SIGTERM)  # the trainer finishes the step and checkpoints
-                stopped = True
-            time.sleep(1)
-            bar.n = min(round(time.perf_counter() - start), bar.total)
-            bar.set_postfix_str(last_eval_text(run_dir), refresh=True)
+        try:
+            while proc.poll() is None:
+                if time.perf_counter() - start >= budget_s and not stopped:
+                    proc.send_signal(signal.SIGTERM)  # the trainer finishes the step and checkpoints
+                    stopped = True
+                time.sleep(1)
+                bar.n = min(round(time.perf_counter() - start), bar.total)
+                bar.set_postfix_str(last_eval_text(run_dir), refresh=True)
+        finally:  # left early (SIGTERM, an error): the run must not go on training, orphaned, for its whole recipe
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait()
         code = proc.returncode
     wall = time.perf_counter() - start
     if not finished_as_asked(code, stopped):

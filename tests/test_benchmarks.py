@@ -236,6 +236,27 @@ def test_quickstart_accepts_the_exit_status_of_a_run_it_stopped_at_the_budget():
     assert not finished_as_asked(1, stopped=True) and not finished_as_asked(2, stopped=False)
 
 
+def test_a_quickstart_benchmark_left_early_ends_the_training_it_started(tmp_path, monkeypatch):
+    """A benchmark stopped while its run trains (here an error from its wait; in the flag tests, their clock) ends
+    that run: before, the trainer went on, orphaned, for its whole recipe. A sleeping process stands in for it."""
+    from scripts import benchmark_quickstart
+
+    started, real_popen = [], subprocess.Popen
+
+    def popen(command, **kwargs):
+        started.append(real_popen([sys.executable, "-c", "import time; time.sleep(600)"], **kwargs))
+        return started[-1]
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(benchmark_quickstart.subprocess, "Popen", popen)
+    monkeypatch.setattr(benchmark_quickstart.time, "sleep", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        benchmark_quickstart.run_recipe("TRM", "cfg_pretrain_trm_cpu", (), tmp_path / "data", tmp_path, 60.0)
+    assert len(started) == 1 and started[0].poll() is not None
+
+
 def test_quickstart_bad_input_is_one_error_line(tmp_path, capsys):
     from scripts import benchmark_quickstart
 
