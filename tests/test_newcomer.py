@@ -73,7 +73,8 @@ HEAVY = ("torch._dynamo", "torch._inductor", "sympy", "torchvision", "timm", "nu
 # These answer --help without torch at all (it takes seconds to import on a small machine); the other scripts' parsers
 # still sit beside code that imports it at the top.
 WITHOUT_TORCH = ("pretrain.py", "evaluate.py", "solve.py", "scripts/benchmark_cape_learning.py",
-                 "scripts/benchmark_passes.py", "scripts/benchmark_quickstart.py", "scripts/benchmark_step.py",
+                 "scripts/benchmark_passes.py", "scripts/benchmark_quickstart.py", "scripts/benchmark_startup.py",
+                 "scripts/benchmark_step.py",
                  "scripts/build_arc_dataset.py", "scripts/build_maze_dataset.py", "scripts/build_outside_sudoku.py",
                  "scripts/build_sudoku_dataset.py", "scripts/build_synthetic_cape_dataset.py", "scripts/predict_pose.py",
                  "scripts/recipe_lengths.py", "scripts/reference_trm.py", "scripts/reproduce.py", "scripts/visualize.py")
