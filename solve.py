@@ -8,9 +8,9 @@
 
 From Python: ``import solve; solver = solve.Solver(); solver.sudoku("...")`` (utils/solve/api.py, docs/solving.md).
 
-Without ``--checkpoint``, Sudoku and 10x10 mazes are answered by the model bundled for them in models/pretrained/
-(scripts/bundle_model.py makes one, with its card: recipe, data, held-out accuracy, the test-time compute it uses),
-or one line says it is missing. A checkpoint is a file, a run directory
+Without ``--checkpoint``, Sudoku and mazes (of any side up to 32x32) are answered by the model bundled for them in
+models/pretrained/ (scripts/bundle_model.py makes one, with its card: recipe, data, held-out accuracy, the test-time
+compute it uses), or one line says it is missing. A checkpoint is a file, a run directory
 (its best.pt) or ``hf://owner/repo[/file]``. Sudoku and mazes are answered directly. An ARC task the model never saw
 has no puzzle-embedding row: its demonstrations are augmented into a small dataset (utils/data/arc.py), the model
 adapts to them for ``--adapt-steps`` steps (the puzzle embedding only, whose rows start as the checkpoint's mean
@@ -47,7 +47,7 @@ PUZZLE_FLAGS = {"sudoku": "81 characters (1-9, . or 0 for blanks) or a file of S
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     maze_side = BUNDLED["maze"].side
-    maze_note = f" ({BUNDLED['maze'].what}; a smaller one is framed with walls)"
+    maze_note = " (its segments grow with the side)" if BUNDLED["maze"].grid else " (a smaller one is framed with walls)"
     parser = ArgumentParser(prog="solve.py", description=__doc__.split("\n\n")[0],
                             formatter_class=argparse.RawDescriptionHelpFormatter,
                             epilog="Sudoku: 81 characters row by row, 1-9 and . or 0 for blanks, or a file of them (a "

@@ -1,7 +1,7 @@
 """Bundle a trained run as a model that ships in models/pretrained/: the weights only, and a card measured here.
 
     python scripts/bundle_model.py checkpoints/sudoku-gen-hard-r1-3k-aug-100/RUN --name sudoku_hard_trm
-    python scripts/bundle_model.py checkpoints/maze-gen-10x10-24k-aug/RUN --name maze_10x10_trm --replace
+    python scripts/bundle_model.py checkpoints/maze-mixed-6to16-48k/RUN --name maze_grid_trm --replace
 
 It makes ``<name>.pt`` (the run's best checkpoint reduced to what answering needs: the weights in the reference
 format, EMA ones where the run kept an EMA, in float32; the settings; the data sizes; the step) and ``<name>.md``,

@@ -24,8 +24,8 @@ from utils.solve.solving import BUNDLED, BUNDLED_DIR
 # Puzzle 1 of the hard recipe's test split (minimal, 25 givens, rating 5: singles alone do not solve it), never
 # trained on; the page's hard example.
 HARD = "...3...9.2....9..1...5...3...94...151....8...6.4...7.8..2.64....9..3.4...8..5...."
-# Maze 0 of the maze quickstart's test split (data/maze-gen-10x10-24k-aug, seed 0), never trained on, the page's
-# example, and its only shortest path as the split's label marks it.
+# Maze 0 of the maze quickstart's test split (data/maze-gen-10x10-24k-aug, seed 0), never trained on by either maze
+# model, the page's example, and its only shortest path as the split's label marks it.
 MAZE = ["  #    ## ", "#     ##  ", "## ##     ", "     ## # ", " ### #  ##",
         " # #  #   ", "    #####G", " ##### ###", "   # ### S", " #       #"]
 MAZE_PATH = ["  #    ## ", "# oooo##  ", "##o##ooo  ", "ooo  ##o# ", "o### # o##",
@@ -74,7 +74,7 @@ def test_the_bundled_maze_model_finds_a_held_out_mazes_shortest_path(tmp_path, c
     maze.write_text("\n".join(MAZE) + "\n")
     assert solve.main(["--device", "cpu", "--maze", str(maze), "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
-    assert f"model: the bundled model for 10x10 mazes, {BUNDLED_DIR / 'maze_10x10_trm.pt'}" in printed
+    assert f"model: the bundled model for {BUNDLED['maze'].what}, {BUNDLED_DIR / BUNDLED['maze'].file}" in printed
     assert "\n".join(MAZE_PATH) in printed.split("consistent", 1)[1]
 
 

@@ -36,12 +36,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def tiny_bundled(sudoku_run, tmp_path_factory):  # noqa: F811
-    """A models/pretrained/ of tiny models under the bundled names (a Sudoku and a 10x10 maze model), in use while
-    the module's tests run."""
+    """A models/pretrained/ of tiny models under the bundled names (a Sudoku model and a grid maze model trained on
+    10x10 mazes), in use while the module's tests run."""
     out = tmp_path_factory.mktemp("pretrained")
     mazes = build_maze_dataset(tmp_path_factory.mktemp("maze") / "maze", generate=True, size=10, train_size=32,
                                test_size=8, min_path_length=1)
-    maze_run = train(mazes, tmp_path_factory.mktemp("maze_run") / "run", "arch.puzzle_emb_len=0")
+    maze_run = train(mazes, tmp_path_factory.mktemp("maze_run") / "run", "arch.puzzle_emb_len=0", "arch.mlp_t=false",
+                     "arch.token_mixer=conv")  # a grid model, as the bundled one is
     # The Sudoku run's recipe is read from the run; the maze run's is given, and checked (both ran
     # cfg_pretrain_trm_cpu).
     for run, task, recipe in ((sudoku_run, "sudoku", []), (maze_run, "maze", ["--recipe", "cfg_pretrain_trm_cpu"])):
@@ -79,15 +80,16 @@ def test_solve_without_a_checkpoint_uses_the_bundled_model_and_names_it(tiny_bun
 
 def test_a_puzzle_the_bundled_model_cannot_take_is_one_line(tiny_bundled, tmp_path, capsys):
     maze = tmp_path / "large.txt"
-    maze.write_text("\n".join(["S" + " " * 11] + [" " * 12] * 10 + [" " * 11 + "G"]))  # 12x12: past the bundled side
     side = solving.BUNDLED["maze"].side
+    maze.write_text("\n".join(["S" + " " * side] + [" " * (side + 1)] * (side - 1) + [" " * side + "G"]))  # one past
     assert_one_line(capsys, solve.main(["--device", "cpu", "--maze", str(maze), "--out", str(tmp_path / "o")]),
-                    f"a maze 12 cells wide or tall is larger than the bundled model {solving.BUNDLED['maze'].file} "
-                    f"takes: at most {side}x{side}")
+                    f"a maze {side + 1} cells wide or tall is larger than the bundled model "
+                    f"{solving.BUNDLED['maze'].file} takes: at most {side}x{side}")
     task = tmp_path / "task.json"
     task.write_text('{"train": [{"input": [[1]], "output": [[2]]}], "test": [{"input": [[1]]}]}')
     assert_one_line(capsys, solve.main(["--device", "cpu", "--arc", str(task), "--out", str(tmp_path / "o")]),
-                    "no model is bundled for ARC grids (only for hard 9x9 Sudoku and 10x10 mazes): give --checkpoint")
+                    f"no model is bundled for ARC grids (only for {BUNDLED['sudoku'].what} and "
+                    f"{BUNDLED['maze'].what}): give --checkpoint")
 
 
 def test_a_missing_bundled_file_is_one_line(tmp_path, capsys, monkeypatch):

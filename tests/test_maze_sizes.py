@@ -1,6 +1,6 @@
 """Mazes of other sizes than a model's, end to end on device=cpu: every dihedral view of a rectangle framed into a
-square maps back exactly; a fixed-size model (the bundled 10x10 one) gets a smaller maze framed with walls and
-refuses a larger one in one line; a grid model (token_mixer conv, trained here for a few steps) answers mazes of any
+square maps back exactly; a fixed-size model (one trained here on 10x10 mazes) gets a smaller maze framed with walls
+and refuses a larger one in one line, as the bundled grid model refuses one past its largest side; a grid model (token_mixer conv, trained here for a few steps) answers mazes of any
 side, files of mixed sides and datasets of another side; a maze whose S and G do not connect ends at once.
 
 A tiny model's answers are mostly wrong: what is checked is that each answer is judged by the rules of the user's own
@@ -23,6 +23,7 @@ from utils.data.common import dihedral
 from utils.data.maze import build_maze_dataset, mark_first_path
 from utils.data.user_puzzles import format_maze, maze_problems, parse_maze, read_mazes
 from utils.eval.reasoning import dihedral_order
+from utils.solve.bundled import BUNDLED
 from utils.solve.search import View
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,20 +68,32 @@ def test_every_view_of_a_framed_rectangle_maps_back_exactly():
     assert len(answers) == 2  # the views' first paths go both ways round the block: both shortest, both kept
 
 
-def test_the_bundled_fixed_size_model_frames_a_smaller_maze_and_refuses_a_larger_one(tmp_path, capsys):
-    """The bundled 10x10 model answers a 9x9 lattice maze (mazelib's) framed with walls, its answer printed in 9 rows
-    and judged by the 9x9 maze's rules; an 11x11 maze is one line and exit 2; a 9x9 maze whose S and G do not
-    connect ends at once."""
+@pytest.fixture(scope="module")
+def fixed_run(tmp_path_factory):
+    """A tiny fixed-size TRM (the reference's attention, learned positions) trained 2 epochs on 32 10x10 mazes."""
+    root = tmp_path_factory.mktemp("fixed")
+    data = build_maze_dataset(root / "data", generate=True, size=10, train_size=32, test_size=8, seed=0)
+    run = root / "run"
+    assert pretrain.main(["--config-name=cfg_pretrain_trm_maze_cpu", f"data_paths=[{data}]", "dataset_builder=null",
+                          f"checkpoint_path={run}", *GRID_TRM, "eval_views=1"]) == 0
+    return run
+
+
+def test_a_fixed_size_model_frames_a_smaller_maze_and_refuses_a_larger_one(fixed_run, tmp_path, capsys):
+    """A 10x10 model answers a 9x9 lattice maze (mazelib's) framed with walls, its answer printed in 9 rows and
+    judged by the 9x9 maze's rules; an 11x11 maze is one line and exit 2, naming the largest side and the recipe
+    that trains a model of any side; a 9x9 maze whose S and G do not connect ends at once."""
     (_, nine, shape), *_ = read_mazes(str(OUTSIDE / "mazelib_perfect.txt"))
     assert shape == (9, 9)
     maze = tmp_path / "nine.txt"
     maze.write_text(format_maze(nine))
     out = tmp_path / "out"
-    code = solve.main(["--device", "cpu", "--maze", str(maze), "--out", str(out), "--budget", "0", "--quiet"])
+    given = ["--device", "cpu", "--checkpoint", str(fixed_run)]
+    code = solve.main([*given, "--maze", str(maze), "--out", str(out), "--budget", "0", "--quiet"])
     printed = capsys.readouterr().out
     (shown,) = printed_mazes(printed, 9)
-    answer, _ = parse_maze(shown.replace("o", " "), "shown")
-    assert np.array_equal(answer, nine)  # the answer shown is the user's 9x9 maze, walls and all
+    rows = shown.splitlines()
+    assert len(rows) == 9 and {len(row) for row in rows} == {9}  # shown in the user's 9x9, not the model's 10x10
     marked = np.frombuffer(shown.replace("\n", "").encode(), np.uint8)
     grid = np.where(marked == ord("o"), 5, nine)
     consistent = not maze_problems(grid, nine)
@@ -88,15 +101,26 @@ def test_the_bundled_fixed_size_model_frames_a_smaller_maze_and_refuses_a_larger
 
     large = tmp_path / "eleven.txt"
     large.write_text("\n".join(["S" + " " * 10] + [" " * 11] * 9 + [" " * 10 + "G"]))
-    assert solve.main(["--device", "cpu", "--maze", str(large), "--out", str(out)]) == 2
+    assert solve.main([*given, "--maze", str(large), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "larger than the bundled model maze_10x10_trm.pt takes: at most 10x10" in err
+    assert err.count("\n") == 0 and "11 cells wide or tall is larger than" in err and "at most 10x10" in err
     assert "cfg_pretrain_trm_maze_grid_cpu" in err
 
     walled = tmp_path / "walled.txt"
     walled.write_text("#########\n#S#     #\n###     #\n#      G#\n#########\n")
-    assert solve.main(["--device", "cpu", "--maze", str(walled), "--out", str(out)]) == 1
+    assert solve.main([*given, "--maze", str(walled), "--out", str(out)]) == 1
     assert "S and G are not connected in this maze" in capsys.readouterr().out
+
+
+def test_the_bundled_grid_model_refuses_a_maze_past_the_largest_side_it_takes(tmp_path, capsys):
+    """The bundled maze model takes any side up to BUNDLED's; one past it is one line naming that side."""
+    side = BUNDLED["maze"].side + 1
+    large = tmp_path / "large.txt"
+    large.write_text("\n".join(["S" + " " * (side - 1)] + [" " * side] * (side - 2) + [" " * (side - 1) + "G"]))
+    assert solve.main(["--device", "cpu", "--maze", str(large), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"larger than the bundled model {BUNDLED['maze'].file} takes" in err
+    assert f"at most {side - 1}x{side - 1}" in err
 
 
 @pytest.fixture(scope="module")

@@ -57,10 +57,11 @@ def test_newcomer_evaluate_shows_its_total_and_the_time_left(tmp_path, monkeypat
     import evaluate
     from utils.data.maze import build_maze_dataset
     from utils.eval import puzzle
+    from utils.solve.bundled import BUNDLED
 
     data = build_maze_dataset(tmp_path / "mazes", generate=True, size=10, train_size=1, test_size=8)
     monkeypatch.setattr(puzzle, "tqdm", partial(puzzle.tqdm, mininterval=0))  # every update drawn
-    assert evaluate.main(["--checkpoint", str(ROOT / "models/pretrained/maze_10x10_trm.pt"), "--data-path", str(data),
+    assert evaluate.main(["--checkpoint", str(ROOT / "models/pretrained" / BUNDLED["maze"].file), "--data-path", str(data),
                           "--device", "cpu", "--batch-size", "3", "--max-examples", "5", "--segments", "2",
                           "--json"]) == 0
     drawn = capsys.readouterr().err

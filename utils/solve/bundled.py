@@ -7,15 +7,19 @@ from typing import NamedTuple
 
 
 class Bundled(NamedTuple):
-    """The model that answers a task when no checkpoint is given: its ``file`` in BUNDLED_DIR, ``what`` it was trained
-    on (its card says more), and the ``side`` of the largest square grid it takes (a smaller maze is framed with
-    walls up to a fixed-size model's side)."""
+    """The model that answers a task when no checkpoint is given: its ``file`` in BUNDLED_DIR, ``what`` it answers
+    (its card says more), the ``side`` of the largest square grid it takes, and whether it is a ``grid`` model (any
+    side up to ``side``, its segments growing with the side) rather than a fixed-size one (a smaller maze is framed
+    with walls up to its side)."""
 
     file: str
     what: str
     side: int
+    grid: bool = False
 
 
+# The maze model trained on mazes of 6x6 to 16x16 (cfg_pretrain_trm_maze_grid_cpu); it takes sides up to the largest
+# its card measures (Maze-Hard's 30x30 and the outside mazes' 31x31 among them).
 BUNDLED = {"sudoku": Bundled("sudoku_hard_trm.pt", "hard 9x9 Sudoku", 9),
-           "maze": Bundled("maze_10x10_trm.pt", "10x10 mazes", 10)}
+           "maze": Bundled("maze_grid_trm.pt", "mazes of any side up to 32x32", 32, grid=True)}
 
