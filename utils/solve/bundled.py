@@ -18,8 +18,9 @@ class Bundled(NamedTuple):
     grid: bool = False
 
 
-# The maze model trained on mazes of 6x6 to 16x16 (cfg_pretrain_trm_maze_grid_cpu); it takes sides up to the largest
-# its card measures (Maze-Hard's 30x30 and the outside mazes' 31x31 among them).
+# The maze model trained on mazes of 6x6 to 16x16 (cfg_pretrain_trm_maze_grid_cpu). The side it takes is set here,
+# not measured by its card: 32, past Maze-Hard's 30x30 and the outside mazes' 31x31 (docs/results.md, "Mazes of other
+# sizes", measures it by side up to 30x30).
 BUNDLED = {"sudoku": Bundled("sudoku_hard_trm.pt", "hard 9x9 Sudoku", 9),
            "maze": Bundled("maze_grid_trm.pt", "mazes of any side up to 32x32", 32, grid=True)}
 

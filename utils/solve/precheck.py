@@ -26,8 +26,8 @@ GRID_MAZE_RECIPE = "python pretrain.py --config-name=cfg_pretrain_trm_maze_grid_
 
 def largest_side(trained: Trained, task: str) -> Optional[int]:
     """The side of the largest square puzzle ``trained`` takes: a fixed-size model's own; for a grid model
-    (:attr:`Trained.grid`) the largest its card measured when it is the bundled one, else None (any side, within
-    the compute budget)."""
+    (:attr:`Trained.grid`) the side :data:`~utils.solve.bundled.BUNDLED` sets when it is the bundled one, else None
+    (any side, within the compute budget)."""
     if not trained.grid:
         return math.isqrt(trained.seq_len)
     return BUNDLED[task].side if trained.bundled else None
