@@ -9,7 +9,8 @@ The sets, each maze of a set one side x side square, drawn from seeds no trainin
 ``random``, Maze-Hard's kind (random walls, a shortest path of at least 110 moves at 30x30 scaled to the side, made
 unique: at 30x30 this is Maze-Hard's format); ``perfect``, lattice mazes with one path between any two cells;
 ``cycles``, braided lattice mazes, every shortest path kept (most have several); and with ``--outside`` the kept
-mazes of other generators (mazelib, maze-dataset, labmaze), grouped by file and side.
+mazes of other generators (mazelib, maze-dataset, labmaze), grouped by file and side, then pooled by kind
+(perfect, cycles) and band of sides (9-16, 17-24, 25-31), each figure with its 95% interval.
 
 Two protocols, each named in the output:
 
@@ -175,6 +176,43 @@ def table(result: list[dict], budget: float) -> str:
     return "\n".join(lines)
 
 
+OUTSIDE_BANDS = ((9, 16), (17, 24), (25, 31))  # the outside files' sides, in three bands of the issue's 9x9..31x31
+
+
+def outside_summary(result: list[dict], budget: float) -> str:
+    """The outside mazes pooled by kind (the file's ``_perfect`` or ``_cycles``) and band of sides
+    (:data:`OUTSIDE_BANDS`), then all of them: the model-only figures at the scaled segments and with early exit, and
+    the checked anytime share, each a fraction with its 95% Wilson interval; an empty string without outside rows."""
+    from utils.eval.stats import wilson_interval
+
+    rows = [row for row in result[1:] if row["outside"] and row["count"]]
+    if not rows:
+        return ""
+    keys = ["scaled", "early_exit"] + ["anytime"] * bool(budget)
+    pools: dict[tuple[int, str, int, int], dict[str, float]] = {}  # (pooled whole, kind, sides) -> sums
+    for row in rows:
+        band = next(band for band in OUTSIDE_BANDS if band[0] <= row["side"] <= band[1])
+        values = {"scaled": row[f"segments_{row['scaled_segments']}"], **row}
+        for name in ((0, row["set"].rsplit("_", 1)[-1], *band), (1, "all", OUTSIDE_BANDS[0][0], OUTSIDE_BANDS[-1][1])):
+            pool = pools.setdefault(name, dict.fromkeys(["count", *keys], 0.0))
+            pool["count"] += row["count"]
+            for key in keys:
+                pool[key] += values[key] * row["count"]
+
+    def cell(right: float, n: float) -> str:
+        low, high = wilson_interval(right, n)
+        return f"{right / n:.3f} ({low:.2f}-{high:.2f})"
+
+    titles = ["model-only, scaled segments", "model-only, early exit"]
+    titles += [f"checked, anytime <={budget:g} s"] * bool(budget)
+    lines = ["kept mazes of other generators, pooled by kind and side (95% Wilson intervals):", "",
+             "| kind | sides | mazes | " + " | ".join(titles) + " |", "|---|---|---:|" + "---:|" * len(titles)]
+    for (_, kind, low, high), pool in sorted(pools.items()):
+        lines.append(f"| {kind} | {low}-{high} | {pool['count']:.0f} | "
+                     + " | ".join(cell(pool[key], pool["count"]) for key in keys) + " |")
+    return "\n".join(lines)
+
+
 def picture(result: list[dict], path: Path) -> None:
     """Accuracy against side, one line per built set and protocol."""
     from utils.viz.charts import line_chart
@@ -233,6 +271,8 @@ def run(argv: Optional[list[str]]) -> int:
     start = time.monotonic()
     result = measure(args)
     print(table(result, args.budget))
+    if args.outside:
+        print("\n" + outside_summary(result, args.budget))
     print(f"\n{time.monotonic() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

@@ -169,3 +169,26 @@ def test_evaluate_takes_a_grid_model_to_a_dataset_of_another_side(grid_run, tmp_
     assert evaluate.main(["--checkpoint", str(grid_run), "--data-path", str(data), "--device", "cpu", "--segments",
                           "3", "--budget", "0"]) == 0
     assert "exact_accuracy" in capsys.readouterr().out
+
+
+def test_the_outside_summary_pools_mazes_by_kind_and_band_of_sides():
+    from scripts.benchmark_maze_sizes import outside_summary
+    from utils.eval.stats import wilson_interval
+
+    def row(name, side, count, scaled, early, anytime):
+        return {"set": name, "side": side, "outside": True, "count": count, "scaled_segments": 16,
+                "segments_16": scaled, "early_exit": early, "anytime": anytime}
+
+    result = [{"checkpoint": "m.pt"}, {"set": "random", "side": 30, "outside": False, "count": 8},
+              row("mazelib_perfect", 9, 2, 1.0, 1.0, 1.0), row("labmaze_perfect", 16, 2, 0.5, 0.5, 1.0),
+              row("mazelib_cycles", 17, 1, 0.0, 1.0, 1.0), row("maze_dataset_cycles", 31, 4, 0.25, 0.5, 0.75),
+              {"set": "mazelib_perfect", "side": 33, "outside": True, "count": 0}]  # past the model: not pooled
+    lines = outside_summary(result, 6).splitlines()
+    body = [line.split(" | ") for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert [(cells[0], cells[1], cells[2]) for cells in body] == [
+        ("| cycles", "17-24", "1"), ("| cycles", "25-31", "4"), ("| perfect", "9-16", "4"), ("| all", "9-31", "9")]
+    low, high = wilson_interval(3, 4)  # perfect 9-16: 2 + 1 right of 4 at the scaled segments
+    assert body[2][3] == f"0.750 ({low:.2f}-{high:.2f})"
+    assert body[3][5].rstrip(" |").startswith(f"{(2 + 2 + 1 + 3) / 9:.3f} (")  # every maze, anytime
+    assert "checked, anytime <=6 s" in lines[2]
+    assert outside_summary(result[:2], 6) == ""
