@@ -136,3 +136,24 @@ def test_empty_data_paths_on_the_command_line_is_refused(sudoku_dir, tmp_path, c
     code = pretrain.main([*BASE, f"data_path={sudoku_dir}", "data_paths=[]", f"checkpoint_path={tmp_path / 'run'}"])
     assert_one_line(capsys, code, message)
     assert command_line_layer(["data_paths_test=[]"])[0].data_paths_test == []  # empty: the training data's tests
+
+
+def test_a_value_the_recipe_leaves_missing_is_refused_not_taken_as_the_default(tmp_path):
+    """A recipe's ``???`` (OmegaConf's missing value) must be given: a merge onto the schema would keep the default
+    under it (``load_checkpoint: ???`` trained from scratch)."""
+    from utils.config import CONFIG_DIR, build_config, merge_layers, recipe_layers, to_dict
+
+    (tmp_path / "cfg_needs_weights.yaml").write_text("defaults:\n  - cfg_pretrain_trm_cpu\n  - _self_\n"
+                                                     "load_checkpoint: ???\n")
+    for source in CONFIG_DIR.iterdir():  # the recipe's parents, as they are
+        (tmp_path / source.name).symlink_to(source, target_is_directory=source.is_dir())
+
+    def merged(*overrides):
+        cli = command_line_layer(list(overrides))[0]
+        return merge_layers([("defaults", to_dict(PretrainConfig())),
+                             *recipe_layers("cfg_needs_weights", config_dir=tmp_path), ("command line", cli)])[0]
+
+    with pytest.raises(ConfigError, match=r"cfg_needs_weights.yaml leaves load_checkpoint to the command line "
+                                          r"\(\?\?\?\): give load_checkpoint=VALUE"):
+        merged()
+    assert build_config(merged("load_checkpoint=w.pt")).load_checkpoint == "w.pt"

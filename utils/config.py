@@ -292,18 +292,29 @@ def merge_layers(layers: list[Layer]) -> tuple[dict, dict[str, str]]:
         ``{dotted key: label of the last layer that set it}``.
 
     Raises:
-        ConfigError: two layers disagree on whether a key is a mapping or a value.
+        ConfigError: two layers disagree on whether a key is a mapping or a value, or a layer leaves a value ``???``
+            (to be given) and no later layer gives it.
     """
     merged = OmegaConf.create({})
     sources: dict[str, str] = {}
+    # OmegaConf reads ``???`` as "missing", and a merge keeps the value under it: a value a recipe leaves to the
+    # command line would silently be the default (load_checkpoint null: training from scratch).
+    unset: dict[str, str] = {}
     for label, content in layers:
         try:
             merged = OmegaConf.merge(merged, content)
         except OmegaConfBaseException as e:
             raise ConfigError(f"{label}: {str(e).splitlines()[0]}") from None
         plain = OmegaConf.to_container(content, resolve=False) if isinstance(content, DictConfig) else content
-        for key in leaves(plain):
+        for key, value in leaves(plain).items():
             sources[key] = label
+            if value == "???":
+                unset[key] = label
+            else:
+                unset.pop(key, None)
+    if unset:
+        key, label = next(iter(unset.items()))
+        raise ConfigError(f"{label} leaves {key} to the command line (???): give {key}=VALUE")
     return OmegaConf.to_container(merged, resolve=False), sources
 
 
