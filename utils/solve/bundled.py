@@ -18,9 +18,10 @@ class Bundled(NamedTuple):
     grid: bool = False
 
 
-# The maze model trained on mazes of 6x6 to 16x16 (cfg_pretrain_trm_maze_grid_cpu). The side it takes is set here,
-# not measured by its card: 32, past Maze-Hard's 30x30 and the outside mazes' 31x31 (docs/results.md, "Mazes of other
-# sizes", measures it by side up to 30x30).
+# The maze model trained on mazes of 6x6 to 16x16 (cfg_pretrain_trm_maze_grid_cpu), then of 14x14 to 32x32
+# (cfg_pretrain_trm_maze_grid_cpu_large). The side it takes is set here, not measured by its card: 32, its largest
+# training side, past Maze-Hard's 30x30 and the outside mazes' 31x31 (docs/results.md, "Mazes of other sizes",
+# measures it by side up to 31x31).
 BUNDLED = {"sudoku": Bundled("sudoku_hard_trm.pt", "hard 9x9 Sudoku", 9),
            "maze": Bundled("maze_grid_trm.pt", "mazes of any side up to 32x32", 32, grid=True)}
 
