@@ -27,7 +27,7 @@ from utils.eval.load import Trained, load_trained
 from utils.eval.reasoning import RULES, Cancelled, TestTimeCompute, test_time_compute
 from utils.solve.search import Search
 from utils.solve.precheck import VOCAB, Prepared, prepare
-from utils.solve.solving import (BUNDLED, answer, bundled_checkpoint, check_budget, compute_budget, flops_per_pass,
+from utils.solve.solving import (BUNDLED, BundledModelMissing, answer, check_budget, compute_budget, flops_per_pass,
                                  gif_segments, open_model)
 from utils.solve.verdict import Answer
 from utils.viz.puzzles import render_segments, segments_gif
@@ -92,12 +92,11 @@ def offered_models(checkpoints: Optional[list[str]], device: torch.device, dtype
         # Only a missing file is passed over: a bundled model that is there but does not load or take its side is a
         # damaged checkout, and the page says so rather than calling it missing.
         try:
-            bundled_checkpoint(task)
-        except PuzzleInputError:  # its file is missing
+            trained = open_model(None, task, bundled.side ** 2, 1, device, dtype)
+        except BundledModelMissing:
             log.warning("the bundled model for %s (%s) is not there: the page offers the others", bundled.what,
                         bundled.file)
             continue
-        trained = open_model(None, task, bundled.side ** 2, 1, device, dtype)
         loaded.append((f"bundled: {bundled.what} ({bundled.file})", task, trained, True))
     for spec in checkpoints or []:
         trained = load_trained(spec, device, dtype, 1)

@@ -44,18 +44,23 @@ MEMORY_SHARE = 4  # a request keeps at most this fraction (1/4) of the memory av
 GIF_FRAMES = 32
 
 
+class BundledModelMissing(PuzzleInputError):
+    """The bundled model's file is not in BUNDLED_DIR (a checkout without it): the page offers the other models."""
+
+
 def bundled_checkpoint(task: str) -> Path:
     """The bundled model for ``task``.
 
     Raises:
-        PuzzleInputError: no model is bundled for the task (ARC needs one trained on ARC), or its file is missing.
+        PuzzleInputError: no model is bundled for the task (ARC needs one trained on ARC).
+        BundledModelMissing: its file is missing.
     """
     if task not in BUNDLED:
         raise PuzzleInputError(f"no model is bundled for {VOCAB[task][1]} (only for "
                                f"{' and '.join(b.what for b in BUNDLED.values())}): give --checkpoint")
     path = BUNDLED_DIR / BUNDLED[task].file
     if not path.is_file():
-        raise PuzzleInputError(f"the bundled model for {BUNDLED[task].what} is missing ({path}): give --checkpoint "
+        raise BundledModelMissing(f"the bundled model for {BUNDLED[task].what} is missing ({path}): give --checkpoint "
                                "(scripts/bundle_model.py makes one from a run)")
     return path
 
