@@ -1,7 +1,8 @@
 """Mazes of other sizes than a model's, end to end on device=cpu: every dihedral view of a rectangle framed into a
 square maps back exactly; a fixed-size model (one trained here on 10x10 mazes) gets a smaller maze framed with walls
-and refuses a larger one in one line, as the bundled grid model refuses one past its largest side; a grid model (token_mixer conv, trained here for a few steps) answers mazes of any
-side, files of mixed sides and datasets of another side; a maze whose S and G do not connect ends at once.
+and refuses a larger one in one line, as the bundled grid model refuses one past its largest side; a grid model
+(token_mixer conv, trained here for a few steps) answers mazes of any side, files of mixed sides and datasets of
+another side; a maze whose S and G do not connect ends at once.
 
 A tiny model's answers are mostly wrong: what is checked is that each answer is judged by the rules of the user's own
 maze and shown in its own shape, never which answer a model gives.
