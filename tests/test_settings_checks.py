@@ -157,3 +157,6 @@ def test_a_value_the_recipe_leaves_missing_is_refused_not_taken_as_the_default(t
                                           r"\(\?\?\?\): give load_checkpoint=VALUE"):
         merged()
     assert build_config(merged("load_checkpoint=w.pt")).load_checkpoint == "w.pt"
+    with pytest.raises(ConfigError, match=r"^lr=\?\?\? on the command line is OmegaConf's 'missing', not a value: "
+                                          r"give lr=VALUE$"):
+        merged("load_checkpoint=w.pt", "lr=???")

@@ -314,6 +314,8 @@ def merge_layers(layers: list[Layer]) -> tuple[dict, dict[str, str]]:
                 unset.pop(key, None)
     if unset:
         key, label = next(iter(unset.items()))
+        if label == "command line":
+            raise ConfigError(f"{key}=??? on the command line is OmegaConf's 'missing', not a value: give {key}=VALUE")
         raise ConfigError(f"{label} leaves {key} to the command line (???): give {key}=VALUE")
     return OmegaConf.to_container(merged, resolve=False), sources
 
