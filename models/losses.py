@@ -81,6 +81,10 @@ class ACTLossHead(nn.Module):
 
     ``supervision_decay`` (attribute, default 1.0: the references' loss) weighs each row's losses by the segment it
     is at (:func:`supervision_weights`, CGAR); the trainer sets it from the setting of the same name.
+
+    ``answer_labels`` (attribute, default None: the dataset's labels, the references') chooses each row's labels
+    from the segment's detached logits and the batch, ``answer_labels(logits, data) -> labels``, before the loss
+    and the metrics: ``maze_targets: min_loss`` sets :func:`models.maze_targets.min_loss_labels`.
     """
 
     def __init__(self, model: nn.Module, loss_type: str = "stablemax_cross_entropy"):
@@ -91,6 +95,7 @@ class ACTLossHead(nn.Module):
         self.loss_fn = LOSSES[loss_type]
         # CGAR's hierarchical supervision weighting (see supervision_weights); 1.0 is the references' uniform loss.
         self.supervision_decay = 1.0
+        self.answer_labels: Callable | None = None
 
     def initial_carry(self, *args, **kwargs):
         return self.model.initial_carry(*args, **kwargs)
@@ -102,8 +107,8 @@ class ACTLossHead(nn.Module):
         weights = None
         if self.supervision_decay != 1.0:
             weights = supervision_weights(new_carry.steps, self.supervision_decay, self.model.config.halt_max_steps)
-        metrics, lm_loss, q_halt_loss = puzzle_metrics(logits, q_halt, new_carry.current_data, new_carry.steps,
-                                                       new_carry.halted, self.loss_fn, weights)
+        metrics, lm_loss, q_halt_loss = puzzle_metrics(logits, q_halt, self.scored_data(logits, new_carry.current_data),
+                                                       new_carry.steps, new_carry.halted, self.loss_fn, weights)
         q_continue_loss = 0
         if "target_q_continue" in outputs:
             q_continue_loss = F.binary_cross_entropy_with_logits(
@@ -113,6 +118,13 @@ class ACTLossHead(nn.Module):
         loss = lm_loss + 0.5 * (q_halt_loss + q_continue_loss)
         detached = {"logits": logits.detach(), "q_halt_logits": q_halt.detach()}
         return new_carry, loss, metrics, detached, new_carry.halted.all()
+
+
+    def scored_data(self, logits: torch.Tensor, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``data`` with the labels that answers ``logits`` [B, S, V] are scored against (see ``answer_labels``)."""
+        if self.answer_labels is None:
+            return data
+        return {**data, "labels": self.answer_labels(logits.detach(), data)}
 
 
 def supervision_weights(steps: torch.Tensor, decay: float, halt_max_steps: int) -> torch.Tensor:

@@ -125,6 +125,10 @@ class PretrainConfig:
     supervision_decay: float = setting(
         1.0, "weigh a row's loss at its t-th ACT segment by supervision_decay^(t-1), normalised to mean 1 (CGAR's "
         "hierarchical supervision weighting, 0.7 in the paper); 1.0 (the references): uniform")
+    maze_targets: str = setting(
+        "label", "label (the references): train on the dataset's marked answer | min_loss: on mazes, on whichever "
+        "shortest S-G path the model's output is nearest (least loss; Nandwani et al., ICLR 2021), and score "
+        "exact_accuracy as 'a shortest path'")
     ema: bool = setting(False, "evaluate and save an exponential moving average of the weights (TRM)")
     ema_rate: float = setting(0.999, "the weight the EMA keeps at each step")
     load_checkpoint: Optional[str] = setting(
@@ -485,6 +489,11 @@ def check_ranges(cfg: PretrainConfig) -> None:
     _require(cfg.optimizer_backend in ("auto", "native", "torch", "adamw"), "optimizer_backend", cfg.optimizer_backend,
              "use auto, native, torch or adamw")
     _require(cfg.logger in ("tensorboard", "wandb"), "logger", cfg.logger, "use tensorboard or wandb")
+    _require(cfg.maze_targets in ("label", "min_loss"), "maze_targets", cfg.maze_targets, "use label or min_loss")
+    builds = cfg.dataset_builder.get("kind", "sudoku") if cfg.dataset_builder else None  # None: checked on loading
+    if cfg.maze_targets == "min_loss" and builds not in (None, "maze"):
+        raise ConfigError(f"maze_targets=min_loss chooses among a maze's shortest paths, but this recipe builds {builds} "
+                          "data: use maze_targets=label")
     cfg.warning_signal = warning_signal_name(cfg.warning_signal, "warning_signal")
     _require(cfg.on_warning in ("checkpoint", "stop"), "on_warning", cfg.on_warning, "use checkpoint or stop")
     _require(str(cfg.compile).lower() in ("auto", "true", "false"), "compile", cfg.compile, "use auto, true or false")

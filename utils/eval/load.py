@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 from models import build_model, is_grid, validate_arch
 from models.layers import grid_side
 from models.checkpoints import load_model_weights
+from models.maze_targets import answer_labels_for
 from utils.config import ConfigError, PretrainConfig, build_config, to_dict
 from utils.data.puzzle_dataset import load_metadata
 from utils.checkpoint import CheckpointError, check_checkpoint_file, safe_load
@@ -242,6 +243,7 @@ def load_trained(spec: str, device: torch.device, dtype: torch.dtype, batch_size
                        vocab_size=sizes["vocab_size"], dtype=dtype, device=device,
                        num_puzzle_identifiers=1 if table is None else table.shape[0])
     load_model_weights(head, state, str(path))
+    head.answer_labels = answer_labels_for(cfg.maze_targets, head.loss_fn, sizes["vocab_size"])
     head.eval()
     step = payload.get("step") if isinstance(payload.get("step"), int) else 0
     return Trained(head, cfg, path, note, step, sizes["seq_len"], sizes["vocab_size"], card and card.path,

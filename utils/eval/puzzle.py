@@ -128,14 +128,16 @@ def evaluate_puzzles(forward: Callable, head: torch.nn.Module, loader: PuzzleDat
         row_bands = batch.pop(RATING_BAND_KEY, None)
         answer = reason(forward, head, batch, ttc)
         every_row = torch.ones_like(answer["segments"], dtype=torch.bool)
-        metrics, _, _ = puzzle_metrics(answer["logits"], answer["q_halt_logits"], batch, answer["segments"],
+        scored = head.scored_data(answer["logits"], batch)
+        metrics, _, _ = puzzle_metrics(answer["logits"], answer["q_halt_logits"], scored, answer["segments"],
                                        every_row, head.loss_fn)
         if CHECKED + "preds" in answer:  # checked selection, scored beside the model's own
-            checked, _, _ = puzzle_metrics(answer[CHECKED + "logits"], answer[CHECKED + "q_halt_logits"], batch,
+            checked, _, _ = puzzle_metrics(answer[CHECKED + "logits"], answer[CHECKED + "q_halt_logits"],
+                                           head.scored_data(answer[CHECKED + "logits"], batch),
                                            answer[CHECKED + "segments"], every_row, head.loss_fn)
             metrics |= {f"{CHECKED_METRIC}{k}": checked[k] for k in CHECKED_KEYS}
         if row_bands is not None:
-            _add_band_sums(sums, row_bands, answer, batch, head.loss_fn)
+            _add_band_sums(sums, row_bands, answer, scored, head.loss_fn)
         if consumers:
             preds = {k: v.cpu() for k, v in answer.items() if k != "logits" and not k.startswith(CHECKED)}
             cpu_batch = {k: v.cpu() for k, v in batch.items()}

@@ -33,6 +33,7 @@ from models.act import CarrySlot
 from models.checkpoints import ModelWeights, load_pretrained, reference_state_dict
 from models.ema import EMAHelper
 from models.layers import attention_backend
+from models.maze_targets import answer_labels_for
 from models.sparse_embedding import SparseEmbeddingSignSGD
 from utils.config import (RUN_CONTROL_KEYS, ConfigError, PretrainConfig, build_config, command_line_layer,
                           leaves, recipe_layers, to_dict)
@@ -323,6 +324,7 @@ def build_state(setup: Setup, data: "PuzzleData", rank: Dist, clock: Clock, weig
         schedules[sparse[0]] = dataclasses.replace(base, base_lr=cfg.puzzle_emb_lr)
     ema = EMAHelper(head, cfg.ema_rate) if cfg.ema and not cfg.freeze_weights else None
     head.supervision_decay = cfg.supervision_decay
+    head.answer_labels = answer_labels_for(cfg.maze_targets, head.loss_fn, metadata.vocab_size)
     curriculum = DepthCurriculum(cfg.depth_curriculum, (head.model.config.H_cycles, head.model.config.L_cycles),
                                  data.total_steps)
     forward = compile_model(head) if setup.compile else head
