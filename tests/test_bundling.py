@@ -23,6 +23,7 @@ import evaluate
 import solve
 from scripts import bundle_model
 from tests.test_bad_inputs import assert_one_line
+from tests.test_maze_sizes import open_maze
 from tests.conftest import terminate_this_process
 from tests.test_solve import MAZE, SUDOKU, exit_code, sudoku_run, train  # noqa: F401  (sudoku_run: a fixture)
 from utils.data.maze import build_maze_dataset
@@ -81,7 +82,7 @@ def test_solve_without_a_checkpoint_uses_the_bundled_model_and_names_it(tiny_bun
 def test_a_puzzle_the_bundled_model_cannot_take_is_one_line(tiny_bundled, tmp_path, capsys):
     maze = tmp_path / "large.txt"
     side = solving.BUNDLED["maze"].side
-    maze.write_text("\n".join(["S" + " " * side] + [" " * (side + 1)] * (side - 1) + [" " * side + "G"]))  # one past
+    maze.write_text(open_maze(side + 1))
     assert_one_line(capsys, solve.main(["--device", "cpu", "--maze", str(maze), "--out", str(tmp_path / "o")]),
                     f"a maze {side + 1} cells wide or tall is larger than the bundled model "
                     f"{solving.BUNDLED['maze'].file} takes: at most {side}x{side}")

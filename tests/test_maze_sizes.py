@@ -42,6 +42,11 @@ RECTANGLE = ("###########\n"
              "###########\n")
 
 
+def open_maze(side: int) -> str:
+    """A ``side`` x ``side`` maze without walls as text: S top left, G bottom right."""
+    return "\n".join(["S" + " " * (side - 1)] + [" " * side] * (side - 2) + [" " * (side - 1) + "G"])
+
+
 def printed_mazes(printed: str, rows: int) -> list[str]:
     """Each maze answer solve.py printed: the ``rows`` lines after each verdict line."""
     lines = printed.splitlines()
@@ -117,7 +122,7 @@ def test_the_bundled_grid_model_refuses_a_maze_past_the_largest_side_it_takes(tm
     """The bundled maze model takes any side up to BUNDLED's; one past it is one line naming that side."""
     side = BUNDLED["maze"].side + 1
     large = tmp_path / "large.txt"
-    large.write_text("\n".join(["S" + " " * (side - 1)] + [" " * side] * (side - 2) + [" " * (side - 1) + "G"]))
+    large.write_text(open_maze(side))
     assert solve.main(["--device", "cpu", "--maze", str(large), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"larger than the bundled model {BUNDLED['maze'].file} takes" in err
