@@ -55,6 +55,28 @@ def bfs_distances(passable: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     return dist
 
 
+def shortest_path_graph(inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The cells on some shortest S-G path of each maze, with their distances from S.
+
+    Args:
+        inputs: int [B, n*n] maze tokens (utils/data/maze.py: 1 wall, 2 open, 3 S, 4 G).
+    Returns:
+        ``(from_s, on_graph, length, solvable)``: int32 [B, n, n] moves from S (-1 unreachable); bool [B, n, n],
+        the cells (S and G among them) whose distances from S and from G add up to the S-G distance; int [B], that
+        distance (0 where G is unreachable or missing); bool [B], rows with one S and one G that connect. A maze
+        has one shortest path exactly when ``on_graph`` holds ``length + 1`` cells.
+    """
+    batch, cells = inputs.shape
+    n = int(round(cells ** 0.5))
+    grid = inputs.view(batch, n, n)
+    passable, start, goal = grid != WALL, grid == START, grid == GOAL
+    from_s, from_g = bfs_distances(passable, start), bfs_distances(passable, goal)
+    length = torch.where(goal, from_s, 0).sum((1, 2))
+    solvable = (start.sum((1, 2)) == 1) & (goal.sum((1, 2)) == 1) & (length > 0)
+    on_graph = (from_s >= 0) & (from_g >= 0) & (from_s + from_g == length.view(-1, 1, 1)) & solvable.view(-1, 1, 1)
+    return from_s, on_graph, length, solvable
+
+
 def least_cost_paths(inputs: torch.Tensor, costs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """For each maze, the shortest S-G path whose cells' ``costs`` sum least (S and G not counted).
 
@@ -66,16 +88,10 @@ def least_cost_paths(inputs: torch.Tensor, costs: torch.Tensor) -> tuple[torch.T
         one G that connect (other rows have no path marked). Exact ties go to the path whose cells, traced back from
         G, come first in :data:`MOVES`.
     """
-    batch, cells = inputs.shape
-    n = int(round(cells ** 0.5))
-    grid = inputs.view(batch, n, n)
-    passable, start, goal = grid != WALL, grid == START, grid == GOAL
-    from_s, from_g = bfs_distances(passable, start), bfs_distances(passable, goal)
-    length = torch.where(goal, from_s, 0).sum((1, 2))  # moves S -> G; 0 where G is unreachable or missing
-    solvable = (start.sum((1, 2)) == 1) & (goal.sum((1, 2)) == 1) & (length > 0)
-    on_dag = (from_s >= 0) & (from_g >= 0) & (from_s + from_g == length.view(-1, 1, 1)) & solvable.view(-1, 1, 1)
-    best = _layer_costs(from_s, on_dag, costs.view(batch, n, n).float(), int(length.max()))
-    return _trace_back(from_s, on_dag, best, goal, length, solvable), solvable
+    from_s, on_graph, length, solvable = shortest_path_graph(inputs)
+    best = _layer_costs(from_s, on_graph, costs.view(from_s.shape).float(), int(length.max()))
+    goal = inputs.view(from_s.shape) == GOAL
+    return _trace_back(from_s, on_graph, best, goal, length, solvable), solvable
 
 
 def _layer_costs(from_s: torch.Tensor, on_dag: torch.Tensor, costs: torch.Tensor, longest: int) -> torch.Tensor:

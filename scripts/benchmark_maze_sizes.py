@@ -4,13 +4,15 @@ side from our builder and from generators outside the project (utils/data/maze_o
     python scripts/benchmark_maze_sizes.py --checkpoint models/pretrained/maze_grid_trm.pt
     python scripts/benchmark_maze_sizes.py --checkpoint RUN --sizes 10,16,30 --sets random --count 64 --budget 0
     python scripts/benchmark_maze_sizes.py --checkpoint RUN --outside --budget 6 --json sizes.json --picture sizes.png
+    python scripts/benchmark_maze_sizes.py --checkpoint RUN --sets random --sizes 10 --held-out data/maze-mixed-6to16-48k
 
 The sets, each maze of a set one side x side square, drawn from seeds no training build uses (``--seed``):
 ``random``, Maze-Hard's kind (random walls, a shortest path of at least 110 moves at 30x30 scaled to the side, made
 unique: at 30x30 this is Maze-Hard's format); ``perfect``, lattice mazes with one path between any two cells;
-``cycles``, braided lattice mazes, every shortest path kept (most have several); and with ``--outside`` the kept
+``cycles``, braided lattice mazes, every shortest path kept (most have several); with ``--outside`` the kept
 mazes of other generators (mazelib, maze-dataset, labmaze), grouped by file and side, then pooled by kind
-(perfect, cycles) and band of sides (9-16, 17-24, 25-31), each figure with its 95% interval.
+(perfect, cycles) and band of sides (9-16, 17-24, 25-31), each figure with its 95% interval; and with ``--held-out
+DATA`` a maze dataset's test split, its mazes with one shortest path and with several apart.
 
 Two protocols, each named in the output:
 
@@ -71,6 +73,23 @@ def outside_sets() -> dict[tuple[str, int], np.ndarray]:
         for _, tokens, _ in read_mazes(str(path)):
             sets.setdefault((path.stem, math.isqrt(tokens.size)), []).append(tokens)
     return {key: np.stack(value) for key, value in sets.items()}
+
+
+def held_out_sets(data_path: str) -> dict[tuple[str, int], np.ndarray]:
+    """The test split of the maze dataset ``data_path``, split into the mazes with one shortest path and those with
+    several (:func:`models.maze_targets.shortest_path_graph`): ``{(name, side): uint8 [n, side²] tokens}``."""
+    import torch
+
+    from models.maze_targets import shortest_path_graph
+    from utils.data.puzzle_dataset import load_datasets
+
+    _, data, _ = load_datasets([Path(data_path)], "test")
+    mazes = np.concatenate([d["inputs"] for d in data.values()]).astype(np.uint8)
+    _, on_graph, length, _ = shortest_path_graph(torch.from_numpy(mazes.astype(np.int64)))
+    several = (on_graph.sum((1, 2)) > length + 1).numpy()
+    side = math.isqrt(mazes.shape[1])
+    return {(f"held-out, {'several' if flag else 'one'} shortest path{'s' * flag}", side): mazes[several == flag]
+            for flag in (False, True) if (several == flag).any()}
 
 
 def model_only(trained, mazes: np.ndarray, segment_counts: list[int], device) -> dict[str, float]:
@@ -136,9 +155,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
     halt = trained.cfg.arch["halt_max_steps"]
     sets = {(kind, side): None for kind in args.sets for side in args.sizes}
     outside = outside_sets() if args.outside else {}
+    held_out = held_out_sets(args.held_out) if args.held_out else {}
     rows = []
-    for (name, side), mazes in tqdm([*sets.items(), *outside.items()], desc="sets", unit="set"):
-        row = {"set": name, "side": side, "outside": (name, side) in outside}
+    for (name, side), mazes in tqdm([*sets.items(), *outside.items(), *held_out.items()], desc="sets", unit="set"):
+        row = {"set": name, "side": side, "outside": (name, side) in outside, "held_out": (name, side) in held_out}
         if largest is not None and side > largest:
             rows.append({**row, "count": 0})
             continue
@@ -220,7 +240,7 @@ def picture(result: list[dict], path: Path) -> None:
 
     series = {}
     for row in result[1:]:
-        if row["outside"] or not row["count"]:
+        if row["outside"] or row.get("held_out") or not row["count"]:
             continue
         for key, label in (("early_exit", "model-only, early exit"), ("anytime", "checked, anytime")):
             if key in row:
@@ -241,6 +261,8 @@ def run(argv: Optional[list[str]]) -> int:
     parser.add_argument("--sets", default=",".join(SETS), help=f"built sets, of {', '.join(SETS)} (default: all)")
     parser.add_argument("--count", type=positive_int, default=64, help="mazes a built set (default: 64)")
     parser.add_argument("--outside", action="store_true", help="also the kept mazes of other generators")
+    parser.add_argument("--held-out", metavar="DATA", help="also the test split of this maze dataset, its mazes with "
+                                                         "one shortest path and with several apart")
     parser.add_argument("--segments-x", default="1,2,4", help="model-only segments as multiples of the run's "
                                                               "halt_max_steps (default: %(default)s)")
     parser.add_argument("--budget", type=float, default=6.0, help="checked anytime seconds a maze; 0: none (default 6)")
@@ -264,6 +286,9 @@ def run(argv: Optional[list[str]]) -> int:
     for flag in ("json", "picture"):
         if getattr(args, flag):
             check_writable_file(getattr(args, flag), f"--{flag}")
+    if args.held_out and not (Path(args.held_out) / "test" / "dataset.json").is_file():
+        parser.error(f"--held-out {args.held_out}: no maze dataset there (no test/dataset.json); give the folder a "
+                     "maze recipe built, e.g. data/maze-mixed-6to16-48k")
     if args.checkpoint is not None:
         from utils.eval.load import resolve_checkpoint
 

@@ -87,6 +87,34 @@ def test_the_least_cost_path_is_a_shortest_path_of_the_least_cost_any_search_fin
         assert cost[chosen].sum() == pytest.approx(least_cost_by_search(maze, cost), abs=1e-4)
 
 
+def shortest_path_count(maze: np.ndarray) -> int:
+    """The number of shortest S-G paths, counted breadth-first from S in order of distance."""
+    start, goal = (tuple(int(v) for v in np.argwhere(maze == token)[0]) for token in (START, GOAL))
+    dist = distances(maze, start)
+    ways = np.zeros(maze.shape, dtype=object)
+    ways[start] = 1
+    for cell in sorted(map(tuple, np.argwhere(dist > 0)), key=lambda c: dist[c]):
+        ways[cell] = sum(ways[cell[0] + dr, cell[1] + dc] for dr, dc in MOVES
+                         if 0 <= cell[0] + dr < len(maze) and 0 <= cell[1] + dc < len(maze)
+                         and dist[cell[0] + dr, cell[1] + dc] == dist[cell] - 1)
+    return int(ways[goal])
+
+
+def test_the_benchmark_splits_a_held_out_set_into_mazes_of_one_and_of_several_shortest_paths(tmp_path):
+    """scripts/benchmark_maze_sizes.py --held-out: each maze lands in the group its number of shortest paths, counted
+    independently, says."""
+    from scripts.benchmark_maze_sizes import held_out_sets
+
+    data = build_maze_dataset(tmp_path / "data", generate=True, size=10, min_size=6, layout="mixed", ties="first",
+                              train_size=8, test_size=40, seed=4)
+    groups = held_out_sets(str(data))
+    assert sum(len(mazes) for mazes in groups.values()) == 40 and {side for _, side in groups} == {10}
+    assert len(groups) == 2  # both kinds among 40 mixed mazes
+    for (name, _), mazes in groups.items():
+        counts = [shortest_path_count(maze.reshape(10, 10)) for maze in mazes]
+        assert all((n > 1) == ("several" in name) for n in counts), (name, counts)
+
+
 def test_scoring_against_the_min_loss_labels_is_the_rules_verdict():
     """For answers that are the dataset's path, another shortest path, that path less a cell, or plus a cell off it,
     an answer is exact against the min_loss labels exactly when the rules take it as a shortest path."""
