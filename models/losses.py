@@ -119,7 +119,6 @@ class ACTLossHead(nn.Module):
         detached = {"logits": logits.detach(), "q_halt_logits": q_halt.detach()}
         return new_carry, loss, metrics, detached, new_carry.halted.all()
 
-
     def scored_data(self, logits: torch.Tensor, data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``data`` with the labels that answers ``logits`` [B, S, V] are scored against (see ``answer_labels``)."""
         if self.answer_labels is None:

@@ -4,7 +4,7 @@ side from our builder and from generators outside the project (utils/data/maze_o
     python scripts/benchmark_maze_sizes.py --checkpoint models/pretrained/maze_grid_trm.pt
     python scripts/benchmark_maze_sizes.py --checkpoint RUN --sizes 10,16,30 --sets random --count 64 --budget 0
     python scripts/benchmark_maze_sizes.py --checkpoint RUN --outside --budget 6 --json sizes.json --picture sizes.png
-    python scripts/benchmark_maze_sizes.py --checkpoint RUN --sets random --sizes 10 --held-out data/maze-mixed-6to16-48k
+    python scripts/benchmark_maze_sizes.py --checkpoint RUN --sets "" --sizes 16 --held-out data/maze-mixed-6to16-48k
 
 The sets, each maze of a set one side x side square, drawn from seeds no training build uses (``--seed``):
 ``random``, Maze-Hard's kind (random walls, a shortest path of at least 110 moves at 30x30 scaled to the side, made

@@ -492,8 +492,8 @@ def check_ranges(cfg: PretrainConfig) -> None:
     _require(cfg.maze_targets in ("label", "min_loss"), "maze_targets", cfg.maze_targets, "use label or min_loss")
     builds = cfg.dataset_builder.get("kind", "sudoku") if cfg.dataset_builder else None  # None: checked on loading
     if cfg.maze_targets == "min_loss" and builds not in (None, "maze"):
-        raise ConfigError(f"maze_targets=min_loss chooses among a maze's shortest paths, but this recipe builds {builds} "
-                          "data: use maze_targets=label")
+        raise ConfigError(f"maze_targets=min_loss chooses among a maze's shortest paths, but this recipe builds "
+                          f"{builds} data: use maze_targets=label")
     cfg.warning_signal = warning_signal_name(cfg.warning_signal, "warning_signal")
     _require(cfg.on_warning in ("checkpoint", "stop"), "on_warning", cfg.on_warning, "use checkpoint or stop")
     _require(str(cfg.compile).lower() in ("auto", "true", "false"), "compile", cfg.compile, "use auto, true or false")
