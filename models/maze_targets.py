@@ -89,9 +89,10 @@ def least_cost_paths(inputs: torch.Tensor, costs: torch.Tensor) -> tuple[torch.T
         G, come first in :data:`MOVES`.
     """
     from_s, on_graph, length, solvable = shortest_path_graph(inputs)
-    best = _layer_costs(from_s, on_graph, costs.view(from_s.shape).float(), int(length.max()))
+    longest = int(length.max())
+    best = _layer_costs(from_s, on_graph, costs.view(from_s.shape).float(), longest)
     goal = inputs.view(from_s.shape) == GOAL
-    return _trace_back(from_s, on_graph, best, goal, length, solvable), solvable
+    return _trace_back(from_s, on_graph, best, goal, length, solvable, longest), solvable
 
 
 def _layer_costs(from_s: torch.Tensor, on_dag: torch.Tensor, costs: torch.Tensor, longest: int) -> torch.Tensor:
@@ -108,15 +109,17 @@ def _layer_costs(from_s: torch.Tensor, on_dag: torch.Tensor, costs: torch.Tensor
 
 
 def _trace_back(from_s: torch.Tensor, on_dag: torch.Tensor, best: torch.Tensor, goal: torch.Tensor,
-                length: torch.Tensor, solvable: torch.Tensor) -> torch.Tensor:
-    """bool [B, n*n]: from G, step to the cheapest neighbour one layer nearer S until S; the cells stepped on."""
+                length: torch.Tensor, solvable: torch.Tensor, longest: int) -> torch.Tensor:
+    """bool [B, n*n]: from G, step to the cheapest neighbour one layer nearer S until S; the cells stepped on
+    (``longest``: the largest of ``length``)."""
     batch, n, _ = best.shape
     flat_best = best.view(batch, -1)
     flat_layer = torch.where(on_dag, from_s, -1).view(batch, -1)
     rows = torch.arange(batch, device=best.device)
     current = goal.view(batch, -1).float().argmax(1)
     path = torch.zeros(batch, n * n, dtype=torch.bool, device=best.device)
-    for k in range(int(length.max()) - 1, 0, -1):
+    offsets = torch.tensor([dr * n + dc for dr, dc in MOVES], device=best.device)
+    for k in range(longest - 1, 0, -1):
         active = solvable & (length > k)
         r, c = current // n, current % n
         choices = []
@@ -126,9 +129,8 @@ def _trace_back(from_s: torch.Tensor, on_dag: torch.Tensor, best: torch.Tensor, 
             fits = inside & (flat_layer[rows, index] == k)
             choices.append(torch.where(fits, flat_best[rows, index], float("inf")))
         step = torch.stack(choices, 1).argmin(1)  # the first of equal costs: MOVES' order
-        offset = torch.tensor([dr * n + dc for dr, dc in MOVES], device=best.device)[step]
-        current = torch.where(active, current + offset, current)
-        path[rows[active], current[active]] = True
+        current = torch.where(active, current + offsets[step], current)
+        path[rows, current] |= active  # inactive rows stay at G or S, never marked: no boolean index (a host sync)
     return path
 
 

@@ -240,7 +240,7 @@ def picture(result: list[dict], path: Path) -> None:
 
     series = {}
     for row in result[1:]:
-        if row["outside"] or row.get("held_out") or not row["count"]:
+        if row["outside"] or row["held_out"] or not row["count"]:
             continue
         for key, label in (("early_exit", "model-only, early exit"), ("anytime", "checked, anytime")):
             if key in row:
