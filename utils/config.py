@@ -191,6 +191,11 @@ SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_l
                     "segment_q_halt")
 
 
+def dataset_builder_kind(spec: Any) -> str:
+    """The kind of data a ``dataset_builder`` mapping builds: its ``kind``, ``sudoku`` when it names none."""
+    return spec.get("kind", "sudoku")
+
+
 def _load_yaml(path: Path) -> DictConfig:
     if not path.is_file():
         raise ConfigError(f"config file {path} not found")
@@ -490,7 +495,7 @@ def check_ranges(cfg: PretrainConfig) -> None:
              "use auto, native, torch or adamw")
     _require(cfg.logger in ("tensorboard", "wandb"), "logger", cfg.logger, "use tensorboard or wandb")
     _require(cfg.maze_targets in ("label", "min_loss"), "maze_targets", cfg.maze_targets, "use label or min_loss")
-    builds = cfg.dataset_builder.get("kind", "sudoku") if cfg.dataset_builder else None  # None: checked on loading
+    builds = dataset_builder_kind(cfg.dataset_builder) if cfg.dataset_builder else None  # None: checked on loading
     if cfg.maze_targets == "min_loss" and builds not in (None, "maze"):
         raise ConfigError(f"maze_targets=min_loss chooses among a maze's shortest paths, but this recipe builds "
                           f"{builds} data: use maze_targets=label")

@@ -14,6 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
+from utils.config import dataset_builder_kind
 from utils.data.builders import BUILDERS
 from utils.data.puzzle_dataset import DatasetError, PuzzleDatasetMetadata, load_metadata
 
@@ -60,7 +61,8 @@ def training_size(data_path: str, dataset_builder: Optional[dict[str, Any]]) -> 
 
 def _built_size(spec: dict[str, Any]) -> PuzzleDatasetMetadata:
     """What a ``dataset_builder`` build would write to ``train/dataset.json``: the builder's defaults under ``spec``."""
-    kind = spec.pop("kind", "sudoku")
+    kind = dataset_builder_kind(spec)
+    spec = {key: value for key, value in spec.items() if key != "kind"}
     module_name, function, _ = BUILDERS[kind]
     module = importlib.import_module(module_name)
     defaults = {name: p.default for name, p in inspect.signature(getattr(module, function)).parameters.items()
