@@ -191,9 +191,10 @@ SAVE_OUTPUT_KEYS = ("inputs", "labels", "puzzle_identifiers", "preds", "q_halt_l
                     "segment_q_halt")
 
 
-def dataset_builder_kind(spec: Any) -> str:
-    """The kind of data a ``dataset_builder`` mapping builds: its ``kind``, ``sudoku`` when it names none."""
-    return spec.get("kind", "sudoku")
+def dataset_builder_parts(spec: Any) -> tuple[str, dict[str, Any]]:
+    """A ``dataset_builder`` mapping split into the kind of data it builds (its ``kind``, ``sudoku`` when it names
+    none) and the builder's options (every other key; ``spec`` itself is left as it is)."""
+    return spec.get("kind", "sudoku"), {key: value for key, value in spec.items() if key != "kind"}
 
 
 def _load_yaml(path: Path) -> DictConfig:
@@ -495,7 +496,7 @@ def check_ranges(cfg: PretrainConfig) -> None:
              "use auto, native, torch or adamw")
     _require(cfg.logger in ("tensorboard", "wandb"), "logger", cfg.logger, "use tensorboard or wandb")
     _require(cfg.maze_targets in ("label", "min_loss"), "maze_targets", cfg.maze_targets, "use label or min_loss")
-    builds = dataset_builder_kind(cfg.dataset_builder) if cfg.dataset_builder else None  # None: checked on loading
+    builds = dataset_builder_parts(cfg.dataset_builder)[0] if cfg.dataset_builder else None  # None: checked on loading
     if cfg.maze_targets == "min_loss" and builds not in (None, "maze"):
         raise ConfigError(f"maze_targets=min_loss chooses among a maze's shortest paths, but this recipe builds "
                           f"{builds} data: use maze_targets=label")

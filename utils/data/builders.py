@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from utils.config import ConfigError, dataset_builder_kind
+from utils.config import ConfigError, dataset_builder_parts
 
 BUILDERS = {
     "sudoku": ("utils.data.sudoku.build", "build_dataset", "scripts/build_sudoku_dataset.py"),
@@ -31,8 +31,7 @@ def build_dataset(path: str | os.PathLike, spec: dict[str, Any]) -> Path:
         ConfigError: an unknown ``kind`` or an option the builder does not take.
         DatasetError: the builder's own checks (bad sizes, a non-empty output directory, ...).
     """
-    kind = dataset_builder_kind(spec)
-    options = {key: value for key, value in spec.items() if key != "kind"}
+    kind, options = dataset_builder_parts(spec)
     if kind not in BUILDERS:
         raise ConfigError(f"dataset_builder.kind={kind!r}: use one of {', '.join(BUILDERS)}")
     module, function, script = BUILDERS[kind]

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from utils.config import dataset_builder_kind
+from utils.config import dataset_builder_parts
 from utils.data.builders import BUILDERS
 from utils.data.puzzle_dataset import DatasetError, PuzzleDatasetMetadata, load_metadata
 
@@ -52,7 +52,7 @@ def training_size(data_path: str, dataset_builder: Optional[dict[str, Any]]) -> 
     if (Path(data_path) / "train" / "dataset.json").is_file():
         return load_metadata(data_path, "train")
     if dataset_builder is not None:
-        return _built_size(dict(dataset_builder))
+        return _built_size(dataset_builder)
     if data_path in PUBLISHED:
         return PUBLISHED[data_path]
     raise DatasetError(f"the size of {data_path} is unknown: it is not built, the recipe has no dataset_builder, and "
@@ -61,13 +61,12 @@ def training_size(data_path: str, dataset_builder: Optional[dict[str, Any]]) -> 
 
 def _built_size(spec: dict[str, Any]) -> PuzzleDatasetMetadata:
     """What a ``dataset_builder`` build would write to ``train/dataset.json``: the builder's defaults under ``spec``."""
-    kind = dataset_builder_kind(spec)
-    spec = {key: value for key, value in spec.items() if key != "kind"}
+    kind, options = dataset_builder_parts(spec)
     module_name, function, _ = BUILDERS[kind]
     module = importlib.import_module(module_name)
     defaults = {name: p.default for name, p in inspect.signature(getattr(module, function)).parameters.items()
                 if p.default is not inspect.Parameter.empty}
-    options = defaults | spec
+    options = defaults | options
     if kind == "arc":
         return _arc_size(module, options)
     if options.get("generate"):
