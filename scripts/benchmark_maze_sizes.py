@@ -5,6 +5,7 @@ side from our builder and from generators outside the project (utils/data/maze_o
     python scripts/benchmark_maze_sizes.py --checkpoint RUN --sizes 10,16,30 --sets random --count 64 --budget 0
     python scripts/benchmark_maze_sizes.py --checkpoint RUN --outside --budget 6 --json sizes.json --picture sizes.png
     python scripts/benchmark_maze_sizes.py --checkpoint RUN --sets "" --sizes 16 --held-out data/maze-mixed-6to16-48k
+    python scripts/benchmark_maze_sizes.py --outside --sets "" --budget 0 --segments-x 1 --wrong wrong-answers
 
 The sets, each maze of a set one side x side square, drawn from seeds no training build uses (``--seed``):
 ``random``, Maze-Hard's kind (random walls, a shortest path of at least 110 moves at 30x30 scaled to the side, made
@@ -22,6 +23,9 @@ Two protocols, each named in the output:
   is positive. An answer counts when it is *a* shortest S-G path (utils/data/user_puzzles.py ``maze_problems``): for a
   maze with one shortest path that is exact accuracy, the papers' figure; the rules only score, they select nothing.
 - **checked, anytime** (``--budget`` seconds a maze, 0 for none): solve.py's search (utils/solve/anytime.py).
+
+``--wrong DIR`` draws each wrong model-only answer (early exit) over the cells of every shortest path, its problems
+in the title: where the model goes astray, seen rather than counted.
 
 A fixed-size model (one trained on 10x10) takes a smaller maze framed with walls and no larger one: those cells say
 ``-``.
@@ -42,7 +46,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make the repo root importable
 
 from utils.cli import ArgumentParser, non_negative_int, positive_int  # noqa: E402
-from utils.outputs import check_writable_file  # noqa: E402
+from utils.outputs import check_writable_dir, check_writable_file  # noqa: E402
 
 SETS = ("random", "perfect", "cycles")
 OUTSIDE_DIR = Path(__file__).resolve().parents[1] / "utils" / "data" / "maze_outside"
@@ -92,9 +96,15 @@ def held_out_sets(data_path: str) -> dict[tuple[str, int], np.ndarray]:
             for flag in (False, True) if (several == flag).any()}
 
 
-def model_only(trained, mazes: np.ndarray, segment_counts: list[int], device) -> dict[str, float]:
+def model_only(trained, mazes: np.ndarray, segment_counts: list[int], device) -> tuple[dict[str, float], list]:
     """Model-only accuracy of ``mazes`` (uint8 [N, S]) after each of ``segment_counts`` segments of one trajectory,
-    and with early exit on ``q_halt`` within the largest count; each answer scored by the rules."""
+    and with early exit on ``q_halt`` within the largest count; each answer scored by the rules.
+
+    Returns:
+        ``(figures, wrong)``: the accuracies by key (``segments_<t>``, ``early_exit``), and ``(index, maze, answer,
+        problems)`` for each maze whose early-exit answer is wrong (the maze and answer as the model sees them:
+        uint8 [S'] tokens, framed for a fixed-size model; ``problems`` from ``maze_problems``).
+    """
     import torch
 
     from utils.data.user_puzzles import maze_problems
@@ -107,19 +117,40 @@ def model_only(trained, mazes: np.ndarray, segment_counts: list[int], device) ->
              "puzzle_identifiers": torch.zeros(len(seen), dtype=torch.int32, device=device)}
     wanted, right = set(segment_counts), {}
     halted = np.zeros(len(seen), bool)
-    early = np.zeros(len(seen), bool)
+    final = np.zeros_like(seen)
     with torch.no_grad():
         for t, outputs in run_segments(trained.head, initial_carry(trained.head, batch, 0.0, 0), max(segment_counts)):
             grids = outputs["logits"].argmax(-1).cpu().numpy()
             good = np.array([not maze_problems(grid, maze) for grid, maze in zip(grids, seen)])
             confident = (outputs["q_halt_logits"].float().cpu().numpy() > 0) & ~halted
-            early[confident] = good[confident]
+            final[confident] = grids[confident]
             halted |= confident
             if t in wanted:
                 right[f"segments_{t}"] = float(good.mean())
-    early[~halted] = good[~halted]  # never confident: its last answer
-    right["early_exit"] = float(early.mean())
-    return right
+    final[~halted] = grids[~halted]  # never confident: its last answer
+    problems = [maze_problems(grid, maze) for grid, maze in zip(final, seen)]
+    right["early_exit"] = float(np.mean([not p for p in problems]))
+    return right, [(i, seen[i], final[i], p) for i, p in enumerate(problems) if p]
+
+
+def draw_wrong(wrong: list, name: str, side: int, folder: Path) -> None:
+    """One PNG a wrong answer of :func:`model_only` in ``folder`` (``<set>_<side>_<index>.png``, never over a file
+    that is there): the cells of every shortest S-G path as the true path, the model's answer over them, its problems
+    as the title."""
+    import torch
+
+    from models.maze_targets import shortest_path_graph
+    from utils.data.user_puzzles import OPEN, PATH
+    from utils.outputs import unused_name
+    from utils.viz.puzzles import render_maze, save_picture
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for index, maze, answer, problems in wrong:
+        _, on_graph, _, _ = shortest_path_graph(torch.from_numpy(maze.astype(np.int64))[None])
+        every_path = np.where(on_graph.flatten().numpy() & (maze == OPEN), PATH, maze)
+        stem = f"{name.replace(' ', '_').replace(',', '')}_{side}_{index}"
+        image = render_maze(maze, every_path, answer, title=f"{name} {side}x{side} #{index}: {'; '.join(problems)}")
+        save_picture(image, folder / unused_name(folder, f"{stem}.png"))
 
 
 def anytime(trained, mazes: np.ndarray, budget: float, device) -> dict[str, float]:
@@ -166,7 +197,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
         scaled = segments_for(trained, side * side, halt)
         counts = sorted({halt * x for x in args.segments_x} | {scaled})
         torch.manual_seed(0)
-        row |= {"count": len(mazes), "scaled_segments": scaled, **model_only(trained, mazes, counts, device)}
+        figures, wrong = model_only(trained, mazes, counts, device)
+        row |= {"count": len(mazes), "scaled_segments": scaled, **figures}
+        if args.wrong:
+            draw_wrong(wrong, name, side, Path(args.wrong))
         if args.budget:
             row |= anytime(trained, mazes, args.budget, device)
         rows.append(row)
@@ -272,6 +306,8 @@ def run(argv: Optional[list[str]]) -> int:
     parser.add_argument("--forward-dtype", default="auto", help="auto, bfloat16 or float32 (default: auto)")
     parser.add_argument("--json", metavar="JSON", help="also write the rows into this JSON file")
     parser.add_argument("--picture", help="also draw accuracy against side into this PNG")
+    parser.add_argument("--wrong", metavar="DIR", help="also draw each wrong model-only answer (early exit) into "
+                                                       "this folder, over the cells of every shortest path")
     args = parser.parse_args(argv)
     try:
         args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -286,6 +322,8 @@ def run(argv: Optional[list[str]]) -> int:
     for flag in ("json", "picture"):
         if getattr(args, flag):
             check_writable_file(getattr(args, flag), f"--{flag}")
+    if args.wrong:
+        check_writable_dir(args.wrong, "--wrong")
     if args.held_out and not (Path(args.held_out) / "test" / "dataset.json").is_file():
         parser.error(f"--held-out {args.held_out}: no maze dataset there (no test/dataset.json); give the folder a "
                      "maze recipe built, e.g. data/maze-mixed-6to16-48k")

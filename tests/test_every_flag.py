@@ -235,6 +235,8 @@ VALID: dict[tuple[str, str, str], str] = {
     ("scripts/benchmark_maze_sizes.py", "--seed", "0"): "a seed of 0 is a seed",
     **{("scripts/benchmark_maze_sizes.py", flag, value): "an output: created, or the file replaced"
        for flag in ("--json", "--picture") for value in ("no-such-path", "a-file.txt")},
+    **{("scripts/benchmark_maze_sizes.py", "--wrong", value): "an output folder: created, or written into"
+       for value in ("no-such-path", "a-folder")},
     **{("evaluate.py", flag, value): "an output: created, or written into (a folder) or replaced (a file)"
        for flag, values in [("--save-outputs", ["no-such-path", "a-folder"]),
                             ("--submission", ["no-such-path", "a-file.txt"]), ("--report", ["no-such-path", "a-file.txt"])]

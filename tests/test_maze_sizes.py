@@ -177,6 +177,31 @@ def test_evaluate_takes_a_grid_model_to_a_dataset_of_another_side(grid_run, tmp_
     assert "exact_accuracy" in capsys.readouterr().out
 
 
+def test_the_benchmark_draws_each_wrong_answer_and_keeps_a_file_of_the_same_name(grid_run, tmp_path):
+    """scripts/benchmark_maze_sizes.py --wrong: one PNG for each maze whose model-only answer the rules reject, as
+    many as its JSON's early-exit figure leaves wrong; a file already there under a picture's name is kept."""
+    import json
+
+    from PIL import Image
+
+    from scripts.benchmark_maze_sizes import main as benchmark
+
+    folder = tmp_path / "wrong"
+    folder.mkdir()
+    (folder / "random_8_0.png").write_bytes(b"the user's own file")
+    assert benchmark(["--checkpoint", str(grid_run), "--sizes", "8", "--sets", "random", "--count", "4",
+                      "--segments-x", "1", "--budget", "0", "--device", "cpu", "--forward-dtype", "float32",
+                      "--wrong", str(folder), "--json", str(tmp_path / "rows.json")]) == 0
+    row = json.loads((tmp_path / "rows.json").read_text())[1]
+    drawn = sorted(p.name for p in folder.iterdir() if p.name != "random_8_0.png")
+    assert len(drawn) == round(4 * (1 - row["early_exit"])) > 0
+    assert (folder / "random_8_0.png").read_bytes() == b"the user's own file"
+    for name in drawn:
+        assert re.fullmatch(r"random_8_[0-3](-2)?\.png", name)
+        with Image.open(folder / name) as image:
+            assert image.format == "PNG" and image.width > 8 * 6
+
+
 def test_the_outside_summary_pools_mazes_by_kind_and_band_of_sides():
     from scripts.benchmark_maze_sizes import outside_summary
     from utils.eval.stats import wilson_interval
